@@ -1,0 +1,42 @@
+"""Where Kernel Factory keeps its state and which servers it talks to.
+
+Everything is read from the environment at call time, so tests can point a process at their own servers:
+
+- ``KF_HOME``: the state folder of the embedded default (default ``.kf`` in the working directory).
+- ``KF_DATABASE_URL``: a Postgres URL; when set, the embedded Postgres is not used.
+- ``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; when set, the embedded dev server is not used.
+- ``KF_TEMPORAL_NAMESPACE``: the Temporal namespace (default ``default``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_TEMPORAL_PORT = 7233
+DEFAULT_TEMPORAL_UI_PORT = 8233
+
+
+def kf_home() -> Path:
+    """The state folder: embedded databases, pid files, logs and the artifact cache live under it."""
+    return Path(os.environ.get("KF_HOME", ".kf")).resolve()
+
+
+def database_url_override() -> str | None:
+    """The Postgres URL the user asked for, or None to use the embedded server."""
+    return os.environ.get("KF_DATABASE_URL") or None
+
+
+def temporal_address_override() -> str | None:
+    """The Temporal frontend the user asked for, or None to use the embedded dev server."""
+    return os.environ.get("KF_TEMPORAL_ADDRESS") or None
+
+
+def temporal_namespace() -> str:
+    """The Temporal namespace searches run in."""
+    return os.environ.get("KF_TEMPORAL_NAMESPACE", "default")
+
+
+def cache_dir() -> Path:
+    """Content-addressed build artifacts (compiled kernels) live here."""
+    return kf_home() / "cache"

@@ -1,0 +1,50 @@
+"""Errors Kernel Factory raises on purpose. Catch what you can handle::
+
+KernelFactoryError            anything raised on purpose by this package
+├── UserError                 bad input the user can fix; the message names the value and the fix
+│   ├── ConfigurationError    bad URL, address, state folder or environment
+│   ├── UnknownProblemError   a --problem that is neither built in nor a problem folder
+│   └── MigrationError        a missing, edited or failing migration
+└── EventStoreError           the event log refused an operation
+    ├── ConcurrencyError      a writer's expected stream version was not the stream's version
+    ├── IdempotencyConflict   an event id was reused with different content
+    └── PayloadTooLarge       an event's payload exceeds the documented limit
+"""
+
+from __future__ import annotations
+
+
+class KernelFactoryError(Exception):
+    """Base of every error Kernel Factory raises on purpose."""
+
+
+class UserError(KernelFactoryError):
+    """Bad input the user can fix. The message says what was wrong, with the value, and what to do."""
+
+
+class ConfigurationError(UserError):
+    """A malformed URL or address, an unusable state folder, a port already taken."""
+
+
+class UnknownProblemError(UserError):
+    """A problem name that is not built in and not a path to a problem folder."""
+
+
+class MigrationError(UserError):
+    """A migration that is missing, was edited after it was applied, or failed."""
+
+
+class EventStoreError(KernelFactoryError):
+    """The event log refused an operation."""
+
+
+class ConcurrencyError(EventStoreError):
+    """A writer expected a stream version other than the stream's current one."""
+
+
+class IdempotencyConflict(EventStoreError):
+    """An event id was appended again with different content."""
+
+
+class PayloadTooLarge(EventStoreError, UserError):
+    """An event payload exceeds the store's documented limit; store the bulk content-addressed instead."""

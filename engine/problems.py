@@ -1,0 +1,206 @@
+"""Problems: load a problem folder (built in under ``kernels/`` or any path) and check its format.
+
+A problem folder holds ``problem.py`` (numpy only) plus its C seed kernel and template; the format is
+documented in docs/problems.md. The harness never trusts a folder blindly: missing names and malformed
+parameter lists are reported with the file and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from engine.errors import UnknownProblemError, UserError
+from kernels import SUITE_DIR
+
+ROLES = ("in", "out", "inout", "size", "scalar")
+DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32}
+REQUIRED = (
+    "NAME",
+    "ENTRY",
+    "SIGNATURE",
+    "PARAMS",
+    "VALIDATION_SHAPES",
+    "BENCHMARK_SHAPES",
+    "TOLERANCES",
+    "DISTRIBUTIONS",
+    "make_inputs",
+    "reference",
+    "baseline",
+    "roofline",
+)
+_PLACEHOLDER = re.compile(r"\{\{([A-Z_][A-Z0-9_]*)\}\}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One argument of the kernel's C entry point, in ABI order."""
+
+    name: str
+    role: str
+    dtype: str
+    shape: tuple[str, ...] = ()
+
+    @property
+    def is_array(self) -> bool:
+        return self.role in ("in", "out", "inout")
+
+    def dims(self, shape: dict[str, int]) -> tuple[int, ...]:
+        return tuple(int(shape[d]) for d in self.shape)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A loaded problem folder: its declarations and the functions of its ``problem.py``."""
+
+    name: str
+    folder: Path
+    module: ModuleType = field(repr=False)
+    params: tuple[Param, ...]
+
+    @property
+    def entry(self) -> str:
+        return str(self.module.ENTRY)
+
+    @property
+    def signature(self) -> str:
+        return str(self.module.SIGNATURE)
+
+    @property
+    def family(self) -> str:
+        return str(getattr(self.module, "FAMILY", self.name))
+
+    @property
+    def validation_shapes(self) -> list[dict[str, int]]:
+        return [dict(s) for s in self.module.VALIDATION_SHAPES]
+
+    @property
+    def benchmark_shapes(self) -> list[tuple[dict[str, int], float]]:
+        return [(dict(s), float(w)) for s, w in self.module.BENCHMARK_SHAPES]
+
+    @property
+    def distributions(self) -> list[str]:
+        return list(self.module.DISTRIBUTIONS)
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(atol, rtol) for outputs of this dtype."""
+        tol = self.module.TOLERANCES[dtype]
+        return float(tol["atol"]), float(tol["rtol"])
+
+    def make_inputs(self, shape: dict[str, int], distribution: str, seed: int) -> dict[str, Any]:
+        """Fresh inputs for one trial; the same (shape, distribution, seed) always gives the same arrays."""
+        rng = np.random.default_rng(seed)
+        inputs: dict[str, Any] = self.module.make_inputs(shape, distribution, rng)
+        return inputs
+
+    def reference(self, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = self.module.reference(inputs, shape)
+        return out
+
+    def baseline(self, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = self.module.baseline(inputs, shape)
+        return out
+
+    def roofline(self, shape: dict[str, int]) -> dict[str, int]:
+        model: dict[str, int] = self.module.roofline(shape)
+        return model
+
+    @property
+    def outputs(self) -> list[Param]:
+        return [p for p in self.params if p.role in ("out", "inout")]
+
+    def seed_source(self) -> str:
+        return (self.folder / str(getattr(self.module, "SEED", "seed.c"))).read_text()
+
+    def template_source(self) -> str | None:
+        name = getattr(self.module, "TEMPLATE", None)
+        return (self.folder / str(name)).read_text() if name else None
+
+    @property
+    def template_params(self) -> dict[str, list[Any]]:
+        return {k: list(v) for k, v in getattr(self.module, "TEMPLATE_PARAMS", {}).items()}
+
+    def template_allows(self, params: dict[str, Any]) -> bool:
+        check = getattr(self.module, "template_allows", None)
+        return bool(check(params)) if check else True
+
+    def render_template(self, params: dict[str, Any]) -> str:
+        """The template's C source with every ``{{NAME}}`` replaced by its parameter value."""
+        source = self.template_source()
+        if source is None:
+            raise UserError(f"problem {self.name!r} has no template; add TEMPLATE to its problem.py")
+        missing = sorted(set(_PLACEHOLDER.findall(source)) - set(params))
+        if missing:
+            raise UserError(f"template of {self.name!r} needs values for {missing}; got {sorted(params)}")
+        return _PLACEHOLDER.sub(lambda m: str(params[m.group(1)]), source)
+
+    def fingerprint(self) -> str:
+        """Hash of the problem folder's files: evidence records which definition judged a candidate."""
+        digest = hashlib.sha256()
+        for path in sorted(self.folder.iterdir()):
+            if path.is_file() and path.suffix in (".py", ".c", ".h", ".json"):
+                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return digest.hexdigest()
+
+
+def builtin_problems() -> list[str]:
+    """Names of the problems shipped under ``kernels/``."""
+    return sorted(p.parent.name for p in SUITE_DIR.glob("*/problem.py"))
+
+
+def load_problem(name_or_path: str | Path) -> Problem:
+    """Load a built-in problem by name, or a problem folder by path."""
+    text = str(name_or_path)
+    folder = SUITE_DIR / text
+    if not (folder / "problem.py").is_file():
+        folder = Path(text).expanduser()
+        if folder.is_file() and folder.name == "problem.py":
+            folder = folder.parent
+    if not (folder / "problem.py").is_file():
+        raise UnknownProblemError(
+            f"unknown problem {text!r}: not one of the built-in problems {builtin_problems()} and not a "
+            "folder holding a problem.py; pass a built-in name or the path of a problem folder "
+            "(see docs/problems.md)"
+        )
+    folder = folder.resolve()
+    module = _import_problem_module(folder)
+    missing = [n for n in REQUIRED if not hasattr(module, n)]
+    if missing:
+        raise UserError(
+            f"{folder / 'problem.py'} lacks {missing}; every problem.py defines {list(REQUIRED)} "
+            "(see docs/problems.md)"
+        )
+    params = tuple(_parse_param(folder, raw) for raw in module.PARAMS)
+    return Problem(name=str(module.NAME), folder=folder, module=module, params=params)
+
+
+def _import_problem_module(folder: Path) -> ModuleType:
+    module_name = f"kf_problem_{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, folder / "problem.py")
+    if spec is None or spec.loader is None:
+        raise UserError(f"cannot import {folder / 'problem.py'}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # a user's folder may hold anything; say where it broke
+        raise UserError(f"{folder / 'problem.py'} failed to import: {error!r}") from error
+    return module
+
+
+def _parse_param(folder: Path, raw: dict[str, Any]) -> Param:
+    where = f"{folder / 'problem.py'} PARAMS entry {raw!r}"
+    if raw.get("role") not in ROLES:
+        raise UserError(f"{where}: role must be one of {ROLES}")
+    if raw.get("dtype") not in DTYPES:
+        raise UserError(f"{where}: dtype must be one of {sorted(DTYPES)}")
+    shape = tuple(raw.get("shape", ()))
+    if raw["role"] in ("in", "out", "inout") and not shape:
+        raise UserError(f"{where}: an array parameter needs a shape, e.g. ['rows', 'cols']")
+    return Param(name=str(raw["name"]), role=str(raw["role"]), dtype=str(raw["dtype"]), shape=shape)

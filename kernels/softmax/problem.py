@@ -1,0 +1,83 @@
+"""softmax: y[r, :] = exp(x[r, :] - max(x[r, :])) / sum(exp(x[r, :] - max(x[r, :]))), per row over cols."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+NAME = "softmax"
+FAMILY = "row-reduction"
+ENTRY = "softmax"
+SIGNATURE = "void softmax(const float *x, float *y, int64_t rows, int64_t cols)"
+PARAMS: list[dict[str, Any]] = [
+    {"name": "x", "role": "in", "dtype": "float32", "shape": ["rows", "cols"]},
+    {"name": "y", "role": "out", "dtype": "float32", "shape": ["rows", "cols"]},
+    {"name": "rows", "role": "size", "dtype": "int64"},
+    {"name": "cols", "role": "size", "dtype": "int64"},
+]
+VALIDATION_SHAPES: list[dict[str, int]] = [
+    {"rows": 1, "cols": 1},
+    {"rows": 1, "cols": 1000},
+    {"rows": 37, "cols": 1},
+    {"rows": 3, "cols": 7},
+    {"rows": 17, "cols": 129},
+    {"rows": 64, "cols": 1023},
+    {"rows": 5, "cols": 4099},
+    {"rows": 256, "cols": 4096},
+]
+BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
+    ({"rows": 512, "cols": 1024}, 1.0),
+    ({"rows": 64, "cols": 8192}, 1.0),
+    ({"rows": 2048, "cols": 256}, 1.0),
+]
+TOLERANCES = {"float32": {"atol": 1e-6, "rtol": 1e-4}}
+DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]
+SEED = "seed.c"
+TEMPLATE = "template.c"
+TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "ONLINE": [0, 1],
+    "UNROLL": [1, 2, 4, 8],
+    "SIMD": [0, 1],
+}
+
+
+def template_allows(params: dict[str, Any]) -> bool:
+    """Restrictions on the template's parameter space (none for softmax)."""
+    return True
+
+
+def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generator) -> dict[str, Any]:
+    rows, cols = shape["rows"], shape["cols"]
+    if distribution == "normal":
+        x = rng.standard_normal((rows, cols))
+    elif distribution == "uniform":
+        x = rng.uniform(-4.0, 4.0, (rows, cols))
+    elif distribution == "large":
+        # Without subtracting the row max, exp() overflows to inf on these.
+        x = rng.uniform(-1.0, 1.0, (rows, cols)) * 500.0
+    elif distribution == "edge":
+        choices = np.array([0.0, -80.0, 80.0, 1e-30, -1e-30, 88.0, -103.0])
+        x = rng.choice(choices, (rows, cols))
+    else:
+        raise ValueError(f"unknown distribution {distribution!r}; expected one of {DISTRIBUTIONS}")
+    return {"x": np.ascontiguousarray(x, dtype=np.float32)}
+
+
+def reference(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
+    x = inputs["x"].astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return {"y": e / e.sum(axis=1, keepdims=True)}
+
+
+def baseline(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
+    """What a numpy user writes; speedups are quoted against this."""
+    x = inputs["x"]
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return {"y": e / e.sum(axis=1, keepdims=True)}
+
+
+def roofline(shape: dict[str, int]) -> dict[str, int]:
+    n = shape["rows"] * shape["cols"]
+    # Read x once, write y once; max, sub, exp (~10 flops), sum, divide.
+    return {"bytes": 8 * n, "flops": 14 * n}

@@ -1,0 +1,1 @@
+"""Temporal workflow definitions: deterministic, no I/O, no clock, no randomness outside Temporal's APIs."""
