@@ -4,7 +4,7 @@ Everything is read from the environment at call time, so tests can point a proce
 
 - ``KF_HOME``: the state folder of the embedded default (default ``.kf`` in the working directory).
 - ``KF_DATABASE_URL``: a Postgres URL; when set, the embedded Postgres is not used.
-- ``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; when set, the embedded dev server is not used.
+- ``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; when set, no embedded dev server is used.
 - ``KF_TEMPORAL_NAMESPACE``: the Temporal namespace (default ``default``).
 """
 
