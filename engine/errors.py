@@ -3,6 +3,7 @@
 KernelFactoryError            anything raised on purpose by this package
 ├── UserError                 bad input the user can fix; the message names the value and the fix
 │   ├── ConfigurationError    bad URL, address, state folder or environment
+│   ├── ServiceError          an embedded server (kf up) that failed to start or stop; shows its log
 │   ├── UnknownProblemError   a --problem that is neither built in nor a problem folder
 │   └── MigrationError        a missing, edited or failing migration
 └── EventStoreError           the event log refused an operation
@@ -24,6 +25,10 @@ class UserError(KernelFactoryError):
 
 class ConfigurationError(UserError):
     """A malformed URL or address, an unusable state folder, a port already taken."""
+
+
+class ServiceError(UserError):
+    """An embedded server that failed to start or stop. The message quotes the end of its log and its path."""
 
 
 class UnknownProblemError(UserError):
