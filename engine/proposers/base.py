@@ -1,0 +1,45 @@
+"""What every proposer sees and returns."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, Field
+
+from engine.problems import Problem
+from engine.search.candidates import Candidate
+
+
+class ProposalContext(BaseModel):
+    """Everything a proposer may use to propose the next candidates."""
+
+    search_id: str
+    """The search asking."""
+    problem: str
+    """The problem name or folder."""
+    target: str
+    """The target's task queue suffix, e.g. `cpu-x86_64-avx512`."""
+    generation: int
+    """The generation being proposed."""
+    count: int
+    """How many candidates to propose (fewer when the space is exhausted)."""
+    seed: int
+    """The search's seed; proposers derive their randomness from (seed, generation)."""
+    incumbent: Candidate | None = None
+    """The best correct candidate so far."""
+    seen: list[str] = Field(default_factory=list)
+    """Candidate ids already evaluated by this search or the one it resumes: never propose them again."""
+    hints: list[str] = Field(default_factory=list)
+    """Human hints."""
+    flags: list[str] | None = None
+    """Compiler flags the search uses."""
+
+
+class Proposer(Protocol):
+    """An agent that proposes candidates."""
+
+    name: str
+
+    def propose(self, problem: Problem, context: ProposalContext) -> list[Candidate]:
+        """Up to ``context.count`` new candidates, none of them in ``context.seen``."""
+        ...

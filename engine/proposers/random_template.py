@@ -1,0 +1,61 @@
+"""The random proposer: draws parameter settings of the problem's template uniformly, without repeats."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from engine.problems import Problem
+from engine.proposers.base import ProposalContext
+from engine.search.candidates import Candidate
+
+
+def template_space(problem: Problem) -> list[dict[str, Any]]:
+    """Every parameter setting the template allows, in a stable order."""
+    names = sorted(problem.template_params)
+    settings = (
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(problem.template_params[n] for n in names))
+    )
+    return [s for s in settings if problem.template_allows(s)]
+
+
+def template_candidate(
+    problem: Problem, params: dict[str, Any], flags: list[str] | None, **lineage: Any
+) -> Candidate:
+    """The candidate a template setting renders to, tagged with its parameter values."""
+    label = "template " + " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    tags = [f"{k}={v}" for k, v in sorted(params.items())]
+    return Candidate.create(
+        problem.render_template(params), flags, label=label, params=params, tags=tags, **lineage
+    )
+
+
+class RandomTemplateProposer:
+    """Uniform random sampling of the template space; the control against which smarter agents are judged."""
+
+    name = "random"
+
+    def propose(self, problem: Problem, context: ProposalContext) -> list[Candidate]:
+        seen = set(context.seen)
+        fresh = [
+            c
+            for c in (
+                template_candidate(
+                    problem,
+                    params,
+                    context.flags,
+                    proposer=self.name,
+                    parent_id=context.incumbent.candidate_id if context.incumbent else None,
+                    rationale="uniform draw from the template's parameter space",
+                )
+                for params in template_space(problem)
+            )
+            if c.candidate_id not in seen
+        ]
+        # Randomness derives from (seed, generation) so a retried proposal proposes the same candidates.
+        rng = np.random.default_rng([context.seed, context.generation])
+        picks = rng.permutation(len(fresh))[: context.count]
+        return [fresh[int(i)] for i in sorted(picks)]

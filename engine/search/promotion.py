@@ -1,0 +1,36 @@
+"""The promotion rule: a candidate replaces the incumbent only when it is faster beyond the margin with
+confidence — the lower end of its speedup interval over the incumbent clears ``1 + margin``.
+
+An A/A comparison has an interval around 1.0, so a kernel never promotes over itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.search.spec import PromotionPolicy
+from engine.search.state import CandidateOutcome
+
+
+def clears_margin(outcome: CandidateOutcome, policy: PromotionPolicy) -> bool:
+    """True when the outcome is correct and its ratio's lower bound is above ``1 + margin``."""
+    return (
+        outcome.verdict == "ok"
+        and outcome.ratio_ci_low is not None
+        and outcome.ratio_ci_low > 1.0 + policy.margin
+    )
+
+
+def choose_promotion(
+    outcomes: Sequence[CandidateOutcome], policy: PromotionPolicy
+) -> CandidateOutcome | None:
+    """The candidate to promote from one generation, or None.
+
+    Every candidate of a generation was timed against the same incumbent, so their ratios compare; among
+    those that clear the margin the highest lower bound wins (ties: the higher ratio, then the id, so the
+    choice is deterministic).
+    """
+    eligible = [o for o in outcomes if clears_margin(o, policy)]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda o: (o.ratio_ci_low or 0.0, o.ratio or 0.0, o.candidate_id))

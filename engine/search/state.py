@@ -1,0 +1,150 @@
+"""What a search carries from generation to generation, and across continue-as-new."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from engine.search.candidates import Candidate
+from engine.search.spec import SearchSpec
+
+
+class Incumbent(BaseModel):
+    """The best correct candidate so far, and how it compares with numpy."""
+
+    candidate: Candidate
+    """The candidate itself (source, flags, lineage)."""
+    artifact_id: str
+    """Content hash of its compiled artifact on the target."""
+    speedup: float
+    """Speedup over the numpy baseline (weighted geometric mean over benchmark shapes; > 1 is faster)."""
+    ci_low: float
+    """Lower end of the speedup's confidence interval."""
+    ci_high: float
+    """Upper end of the speedup's confidence interval."""
+    generation: int
+    """Generation in which it was promoted (0 for the seed kernel)."""
+
+
+class CandidateOutcome(BaseModel):
+    """Where one candidate's evaluation ended."""
+
+    candidate_id: str
+    """The candidate's content hash."""
+    label: str
+    """Its human name."""
+    verdict: str
+    """The last verdict: ok, compile_error, incorrect, crash, timeout, resource_limit, impossible."""
+    artifact_id: str | None = None
+    """Its compiled artifact, when it compiled."""
+    ratio: float | None = None
+    """Speedup over the incumbent at the time (or over numpy when there was none)."""
+    ratio_ci_low: float | None = None
+    """Lower end of that ratio's interval."""
+    ratio_ci_high: float | None = None
+    """Upper end of that ratio's interval."""
+    speedup: float | None = None
+    """Speedup over numpy."""
+    speedup_ci_low: float | None = None
+    """Lower end of the speedup over numpy's interval."""
+    speedup_ci_high: float | None = None
+    """Upper end of the speedup over numpy's interval."""
+    reused: bool = False
+    """True when the outcome was found in the event log rather than measured again."""
+
+
+class SearchState(BaseModel):
+    """The whole state of a search; passed to the next run on continue-as-new."""
+
+    search_id: str
+    """The workflow id, stable across continue-as-new; the event stream is `search-<search_id>`."""
+    spec: SearchSpec
+    """What the user asked for (budget and hints change through updates)."""
+    target_queue: str | None = None
+    """The hardware task queue the target resolved to, once a worker answered."""
+    generation: int = 0
+    """The next generation to run; 0 evaluates the seed kernel."""
+    incumbent: Incumbent | None = None
+    """The best correct candidate so far."""
+    evaluated: list[str] = Field(default_factory=list)
+    """Ids of every candidate evaluated (or reused) by this search, in order."""
+    verdict_counts: dict[str, int] = Field(default_factory=dict)
+    """How many candidates ended with each verdict."""
+    paused: bool = False
+    """True while a `pause` is in force: no new work starts."""
+    stop_requested: bool = False
+    """True after `stop`: the current step finishes, then the search ends with a complete record."""
+    llm_spend_usd: float = 0.0
+    """Spend on LLM calls so far."""
+    started_at: datetime | None = None
+    """When the search started (workflow time), for the wall-time budget."""
+    promotions: list[dict[str, Any]] = Field(default_factory=list)
+    """Every promotion: generation, candidate id, label, speedup and interval."""
+    status: str = "running"
+    """running, paused, completed, stopped, budget_exhausted."""
+
+    @property
+    def stream_id(self) -> str:
+        return f"search-{self.search_id}"
+
+    @property
+    def candidates_done(self) -> int:
+        return len(self.evaluated)
+
+
+class SearchStatus(BaseModel):
+    """What the `status` query answers: the progress a user watches."""
+
+    search_id: str
+    """The search (workflow) id."""
+    problem: str
+    """The problem searched."""
+    target: str
+    """The target asked for."""
+    target_queue: str | None
+    """The hardware task queue serving it."""
+    status: str
+    """running, paused, completed, stopped, budget_exhausted."""
+    generation: int
+    """The generation now running (or the last one)."""
+    generations: int
+    """Generations asked for."""
+    candidates_done: int
+    """Candidates evaluated so far."""
+    verdict_counts: dict[str, int]
+    """Candidates per verdict."""
+    best_speedup: float | None
+    """The incumbent's speedup over numpy."""
+    incumbent: str | None
+    """The incumbent's label and id prefix."""
+    incumbent_id: str | None
+    """The incumbent's candidate id."""
+    llm_spend_usd: float
+    """Spend on LLM calls so far."""
+    hints: list[str]
+    """Hints proposers see."""
+
+
+class SearchResult(BaseModel):
+    """What a finished search returns."""
+
+    search_id: str
+    """The search (workflow) id."""
+    status: str
+    """completed, stopped or budget_exhausted."""
+    best_speedup: float | None
+    """The incumbent's speedup over numpy."""
+    best_ci_low: float | None
+    """Lower end of its interval."""
+    best_ci_high: float | None
+    """Upper end of its interval."""
+    incumbent: Candidate | None
+    """The incumbent at the end."""
+    candidates_done: int
+    """Candidates evaluated."""
+    verdict_counts: dict[str, int]
+    """Candidates per verdict."""
+    generations_run: int
+    """Generations completed, counting the seed's generation 0."""

@@ -1,0 +1,138 @@
+"""Inputs and outputs of the search's steps: the messages between the workflow and its activities.
+
+They carry ids, hashes, verdicts and figures; bulky evidence (compiler logs, samples) stays in the event log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from engine.search.candidates import Candidate
+from engine.search.spec import SearchSpec
+from engine.search.state import Incumbent
+
+
+def step_event_id(search_id: str, generation: int, candidate_id: str, step: str) -> str:
+    """The idempotency key of one step's outcome: a retried or replayed step can never write twice."""
+    return f"{search_id}/g{generation}/{candidate_id[:24]}/{step}"
+
+
+class StartInput(BaseModel):
+    """Opens a search's record."""
+
+    search_id: str
+    """The search (workflow) id."""
+    spec: SearchSpec
+    """The validated spec."""
+
+
+class StartOutput(BaseModel):
+    """What the search starts from."""
+
+    problem_fingerprint: str
+    """Hash of the problem folder's files, recorded so the evidence says which definition judged it."""
+    seed_candidate: Candidate
+    """The problem's naive seed kernel, or the resumed search's incumbent."""
+    seen: list[str] = Field(default_factory=list)
+    """Candidates the resumed search already evaluated; never proposed again."""
+    resumed_incumbent: Incumbent | None = None
+    """The resumed search's incumbent, as recorded."""
+
+
+class TargetInfo(BaseModel):
+    """A worker's answer for a target: its hardware queue and fingerprint."""
+
+    target: str
+    """The resolved target, e.g. `cpu-x86_64-avx512`."""
+    queue: str
+    """The hardware task queue to route steps to."""
+    worker: str
+    """Identity of the worker that answered."""
+    hardware: dict[str, Any]
+    """Its hardware fingerprint."""
+
+
+class ProposeInput(BaseModel):
+    """Asks the proposer agents for a generation's candidates."""
+
+    search_id: str
+    """The search."""
+    spec: SearchSpec
+    """The spec, with the hints and budget in force now."""
+    target: str
+    """The resolved target."""
+    generation: int
+    """The generation to propose."""
+    count: int
+    """How many candidates to propose."""
+    incumbent: Candidate | None
+    """The incumbent candidate."""
+    seen: list[str]
+    """Candidate ids never to propose again."""
+
+
+class StepInput(BaseModel):
+    """One step (compile, validate or benchmark) of one candidate."""
+
+    search_id: str
+    """The search."""
+    generation: int
+    """The generation the candidate belongs to."""
+    problem: str
+    """The problem name or folder."""
+    candidate: Candidate
+    """The candidate."""
+    threads: int = 1
+    """Cores the kernel may use."""
+    artifact_id: str | None = None
+    """The compiled artifact, for validate and benchmark."""
+    incumbent_artifact_id: str | None = None
+    """The incumbent's artifact, for benchmark; None benchmarks against numpy only."""
+    benchmark_seconds: float = 1.0
+    """Timing budget, for benchmark."""
+    seed: int = 0
+    """Seed of the step's fresh random inputs."""
+
+
+class StepOutput(BaseModel):
+    """One step's verdict and its figures; the full evidence is in the event log under ``event_id``."""
+
+    step: str
+    """compile, validate or benchmark."""
+    verdict: str
+    """ok, compile_error, incorrect, crash, timeout, resource_limit, impossible."""
+    event_id: str
+    """The outcome event holding the full evidence."""
+    artifact_id: str | None = None
+    """Compile: the artifact built."""
+    summary: str = ""
+    """One line for people: the first compile error, the worst failing case, the speedup."""
+    ratio: float | None = None
+    """Benchmark: speedup over the incumbent (over numpy when there is none)."""
+    ratio_ci_low: float | None = None
+    """Benchmark: lower end of the ratio's interval."""
+    ratio_ci_high: float | None = None
+    """Benchmark: upper end of the ratio's interval."""
+    speedup: float | None = None
+    """Benchmark: speedup over numpy."""
+    speedup_ci_low: float | None = None
+    """Benchmark: lower end of that interval."""
+    speedup_ci_high: float | None = None
+    """Benchmark: upper end of that interval."""
+    reused: bool = False
+    """True when the outcome was already in the event log (a retried step) and was not redone."""
+
+
+class RecordInput(BaseModel):
+    """A workflow-level fact to append: started, promoted, generation done, finished, a message."""
+
+    search_id: str
+    """The search."""
+    event_id: str
+    """Deterministic idempotency key."""
+    type: str
+    """Event type."""
+    payload: dict[str, Any]
+    """Event payload."""

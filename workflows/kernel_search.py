@@ -1,0 +1,496 @@
+"""KernelSearch: one workflow per search. Each generation is durable: propose → compile → validate →
+benchmark → promote, every step an activity whose outcome lands in the event log.
+
+Workflow code must be deterministic: no I/O, no clock but ``workflow.now()``, no randomness. Everything that
+touches files, the database or kernel hardware is an activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from engine.search.candidates import Candidate
+    from engine.search.promotion import choose_promotion
+    from engine.search.spec import Budget, SearchSpec, control_queue, target_queue
+    from engine.search.state import (
+        CandidateOutcome,
+        Incumbent,
+        SearchResult,
+        SearchState,
+        SearchStatus,
+    )
+    from engine.search.steps import (
+        ProposeInput,
+        RecordInput,
+        StartInput,
+        StartOutput,
+        StepInput,
+        StepOutput,
+        TargetInfo,
+    )
+
+PROBLEM_ATTR = SearchAttributeKey.for_keyword("KernelProblem")
+TARGET_ATTR = SearchAttributeKey.for_keyword("KernelTarget")
+GENERATION_ATTR = SearchAttributeKey.for_int("Generation")
+BEST_SPEEDUP_ATTR = SearchAttributeKey.for_float("BestSpeedup")
+
+# Bad input is never retried: these error types fail the step (and, at start, the search) at once.
+NON_RETRYABLE = ["UserError", "UnknownProblemError", "ConfigurationError", "ValidationError"]
+CONTROL_RETRY = RetryPolicy(maximum_attempts=10, non_retryable_error_types=NON_RETRYABLE)
+# A step on hardware retries a few times (a worker killed mid-step); a kernel's own failure is a verdict,
+# returned normally, so it is never retried.
+HARDWARE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+    non_retryable_error_types=NON_RETRYABLE,
+)
+STATE_KEY = "state"
+
+
+@workflow.defn(name="KernelSearch")
+class KernelSearch:
+    """Searches for a faster kernel for ``spec.problem`` on ``spec.target``."""
+
+    def __init__(self) -> None:
+        self._state: SearchState | None = None
+        self._generations_this_run = 0
+        # The seed candidate of generation 0, and every candidate seen in this run, by id (for promotion).
+        self._seed: Candidate | None = None
+        self._proposed: dict[str, Candidate] = {}
+
+    # -- entry -----------------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> SearchResult:
+        # The input is a plain dict, validated here: a bad payload from the UI fails the search at once with
+        # pydantic's message, instead of failing the workflow task (which Temporal would retry forever).
+        state = self._state_from_input(raw)
+        self._state = state
+        spec = state.spec
+        queues = control_queue(spec.task_queue_prefix)
+        if state.started_at is None:
+            state.started_at = workflow.now()
+            start = await self._control(
+                "kf.start_search", StartInput(search_id=state.search_id, spec=spec), StartOutput
+            )
+            state.evaluated.extend(i for i in start.seen if i not in state.evaluated)
+            self._seed = start.seed_candidate
+        else:
+            self._seed = None
+        if state.target_queue is None:
+            info = await self._resolve_target(spec)
+            state.target_queue = info.queue
+            await self._record(
+                f"{state.search_id}/target", "search.target_resolved", info.model_dump(mode="json")
+            )
+        self._upsert_progress()
+        workflow.logger.info("search %s runs on %s (control %s)", state.search_id, state.target_queue, queues)
+
+        while state.generation <= spec.generations and not self._should_end():
+            await workflow.wait_condition(lambda: not state.paused or state.stop_requested)
+            if self._should_end():
+                break
+            await self._run_generation()
+            state.generation += 1
+            self._generations_this_run += 1
+            self._upsert_progress()
+            if state.generation <= spec.generations and self._should_continue_as_new():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new({STATE_KEY: state.model_dump(mode="json")})
+
+        state.status = self._final_status()
+        result = self._result()
+        await self._record(f"{state.search_id}/finished", "search.finished", result.model_dump(mode="json"))
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return result
+
+    def _state_from_input(self, raw: dict[str, Any]) -> SearchState:
+        try:
+            if isinstance(raw, dict) and STATE_KEY in raw:
+                return SearchState.model_validate(raw[STATE_KEY])
+            spec = SearchSpec.model_validate(raw)
+        except ValidationError as error:
+            raise ApplicationError(
+                f"invalid search input: {error}", type="ValidationError", non_retryable=True
+            ) from None
+        return SearchState(search_id=workflow.info().workflow_id, spec=spec)
+
+    # -- one generation ----------------------------------------------------------------------------------
+
+    async def _run_generation(self) -> None:
+        state = self._require_state()
+        spec = state.spec
+        if state.generation == 0:
+            seed = self._seed
+            if seed is None:  # continued as new before generation 0 ran: impossible, but say so plainly
+                raise ApplicationError("generation 0 has no seed candidate", non_retryable=True)
+            candidates = [seed]
+        else:
+            count = min(spec.candidates_per_generation, self._candidates_left())
+            if count <= 0:
+                return
+            candidates = await self._control(
+                "kf.propose",
+                ProposeInput(
+                    search_id=state.search_id,
+                    spec=spec,
+                    target=self._target_name(),
+                    generation=state.generation,
+                    count=count,
+                    incumbent=state.incumbent.candidate if state.incumbent else None,
+                    seen=list(state.evaluated),
+                ),
+                list[Candidate],
+            )
+        limit = asyncio.Semaphore(spec.parallelism)
+
+        async def bounded(candidate: Candidate) -> CandidateOutcome | None:
+            async with limit:
+                return await self._evaluate(candidate)
+
+        results = await asyncio.gather(*(bounded(c) for c in candidates))
+        outcomes = [o for o in results if o is not None]
+        await self._promote(outcomes)
+        await self._record(
+            f"{state.search_id}/g{state.generation}/completed",
+            "generation.completed",
+            {
+                "generation": state.generation,
+                "outcomes": [o.model_dump(mode="json") for o in outcomes],
+                "incumbent_id": state.incumbent.candidate.candidate_id if state.incumbent else None,
+                "best_speedup": state.incumbent.speedup if state.incumbent else None,
+            },
+        )
+
+    async def _evaluate(self, candidate: Candidate) -> CandidateOutcome | None:
+        state = self._require_state()
+        # Pause and stop take effect between candidates: a started candidate finishes all its steps, so the
+        # record never holds half an evaluation.
+        await workflow.wait_condition(lambda: not state.paused or state.stop_requested)
+        if self._should_end() or candidate.candidate_id in state.evaluated:
+            return None
+        if state.generation > 0 and self._candidates_left() <= 0:
+            return None
+        state.evaluated.append(candidate.candidate_id)
+        step = StepInput(
+            search_id=state.search_id,
+            generation=state.generation,
+            problem=state.spec.problem,
+            candidate=candidate,
+            threads=state.spec.threads,
+            benchmark_seconds=state.spec.benchmark_seconds,
+            seed=state.spec.seed + state.generation,
+        )
+        outcome = CandidateOutcome(
+            candidate_id=candidate.candidate_id, label=candidate.label, verdict="harness_error"
+        )
+        try:
+            compiled = await self._hardware("kf.compile", step, minutes=10)
+            outcome.verdict, outcome.artifact_id = compiled.verdict, compiled.artifact_id
+            if compiled.verdict == "ok":
+                step.artifact_id = compiled.artifact_id
+                validated = await self._hardware("kf.validate", step, minutes=20)
+                outcome.verdict = validated.verdict
+                if validated.verdict == "ok":
+                    step.incumbent_artifact_id = state.incumbent.artifact_id if state.incumbent else None
+                    timed = await self._hardware("kf.benchmark", step, minutes=30)
+                    outcome.verdict = timed.verdict
+                    outcome.ratio, outcome.ratio_ci_low = timed.ratio, timed.ratio_ci_low
+                    outcome.ratio_ci_high = timed.ratio_ci_high
+                    outcome.speedup, outcome.speedup_ci_low = timed.speedup, timed.speedup_ci_low
+                    outcome.speedup_ci_high = timed.speedup_ci_high
+        except ActivityError as error:
+            # The harness itself failed past its retries (not the kernel: a kernel's failure is a verdict).
+            # It is an outcome of this candidate, recorded, and the search goes on.
+            await self._record(
+                f"{state.search_id}/g{state.generation}/{candidate.candidate_id[:24]}/harness_error",
+                "candidate.harness_error",
+                {"candidate_id": candidate.candidate_id, "error": str(error.cause or error)},
+            )
+        state.verdict_counts[outcome.verdict] = state.verdict_counts.get(outcome.verdict, 0) + 1
+        return outcome
+
+    async def _promote(self, outcomes: list[CandidateOutcome]) -> None:
+        state = self._require_state()
+        if state.incumbent is None:
+            # Nothing to beat yet (generation 0, or every earlier candidate failed): the fastest correct
+            # candidate becomes the first incumbent, whatever its speed against numpy.
+            correct = [o for o in outcomes if o.verdict == "ok" and o.speedup is not None]
+            chosen = max(correct, key=lambda o: (o.speedup or 0.0, o.candidate_id), default=None)
+            reason = "first correct candidate"
+        else:
+            chosen = choose_promotion(outcomes, state.spec.promotion)
+            reason = (
+                f"faster than the incumbent beyond the {state.spec.promotion.margin:.0%} margin "
+                f"at {state.spec.promotion.confidence:.0%} confidence"
+            )
+        if chosen is None or chosen.artifact_id is None or chosen.speedup is None:
+            return
+        candidate = await self._candidate_by_id(chosen.candidate_id)
+        previous = state.incumbent.candidate.candidate_id if state.incumbent else None
+        state.incumbent = Incumbent(
+            candidate=candidate,
+            artifact_id=chosen.artifact_id,
+            speedup=chosen.speedup,
+            ci_low=chosen.speedup_ci_low if chosen.speedup_ci_low is not None else chosen.speedup,
+            ci_high=chosen.speedup_ci_high if chosen.speedup_ci_high is not None else chosen.speedup,
+            generation=state.generation,
+        )
+        promotion = {
+            "generation": state.generation,
+            "candidate_id": candidate.candidate_id,
+            "label": candidate.label,
+            "previous_id": previous,
+            "ratio": chosen.ratio,
+            "ratio_ci_low": chosen.ratio_ci_low,
+            "ratio_ci_high": chosen.ratio_ci_high,
+            "speedup": chosen.speedup,
+            "reason": reason,
+        }
+        state.promotions.append(promotion)
+        await self._record(
+            f"{state.search_id}/g{state.generation}/promoted",
+            "incumbent.promoted",
+            {**promotion, "incumbent": state.incumbent.model_dump(mode="json")},
+        )
+
+    async def _candidate_by_id(self, candidate_id: str) -> Candidate:
+        # The candidates of the running generation are held by gather's closures; keep a lookup instead of
+        # threading the full candidate through every outcome.
+        found = self._proposed.get(candidate_id)
+        if found is None:
+            raise ApplicationError(f"candidate {candidate_id} was not proposed in this generation")
+        return found
+
+    # -- activities ----------------------------------------------------------------------------------------
+
+    async def _control(self, name: str, arg: Any, result_type: Any) -> Any:
+        spec = self._require_state().spec
+        result = await workflow.execute_activity(
+            name,
+            arg,
+            task_queue=control_queue(spec.task_queue_prefix),
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=CONTROL_RETRY,
+            result_type=result_type,
+        )
+        if isinstance(result, list):
+            for candidate in result:
+                if isinstance(candidate, Candidate):
+                    self._proposed[candidate.candidate_id] = candidate
+        return result
+
+    async def _hardware(self, name: str, step: StepInput, minutes: int) -> StepOutput:
+        state = self._require_state()
+        self._proposed[step.candidate.candidate_id] = step.candidate
+        result: StepOutput = await workflow.execute_activity(
+            name,
+            step,
+            task_queue=state.target_queue,
+            start_to_close_timeout=timedelta(minutes=minutes),
+            # Long steps heartbeat: a killed worker is noticed within this time and the step is retried on
+            # the next worker to poll, which finds any outcome already recorded and does not redo it.
+            heartbeat_timeout=timedelta(seconds=state.spec.heartbeat_seconds),
+            retry_policy=HARDWARE_RETRY,
+            result_type=StepOutput,
+        )
+        return result
+
+    async def _resolve_target(self, spec: SearchSpec) -> TargetInfo:
+        queue = target_queue(spec.task_queue_prefix, spec.target)
+        try:
+            info: TargetInfo = await workflow.execute_activity(
+                "kf.describe_worker",
+                spec.target,
+                task_queue=queue,
+                # No worker polling this queue within the wait means no hardware serves the target: fail
+                # with a message naming the queue instead of waiting forever.
+                schedule_to_start_timeout=timedelta(seconds=spec.worker_wait_seconds),
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                result_type=TargetInfo,
+            )
+        except ActivityError as error:
+            cause = error.cause
+            if isinstance(cause, TimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START:
+                raise ApplicationError(
+                    f"no worker serves target {spec.target!r}: nothing polled task queue {queue!r} within "
+                    f"{spec.worker_wait_seconds}s; start `kf worker` on a machine with that hardware",
+                    type="NoWorkerForTarget",
+                    non_retryable=True,
+                ) from None
+            raise
+        return info
+
+    async def _record(self, event_id: str, event_type: str, payload: dict[str, Any]) -> None:
+        state = self._require_state()
+        await self._control(
+            "kf.record",
+            RecordInput(search_id=state.search_id, event_id=event_id, type=event_type, payload=payload),
+            None,
+        )
+
+    # -- budget, progress, continue-as-new ---------------------------------------------------------------
+
+    def _candidates_left(self) -> int:
+        state = self._require_state()
+        limit = state.spec.budget.max_candidates
+        return 1_000_000_000 if limit is None else limit - state.candidates_done
+
+    def _out_of_time(self) -> bool:
+        state = self._require_state()
+        minutes = state.spec.budget.max_wall_minutes
+        if minutes is None or state.started_at is None:
+            return False
+        return workflow.now() - state.started_at >= timedelta(minutes=minutes)
+
+    def _should_end(self) -> bool:
+        state = self._require_state()
+        over_budget = state.generation > 0 and self._candidates_left() <= 0
+        return state.stop_requested or over_budget or self._out_of_time()
+
+    def _final_status(self) -> str:
+        state = self._require_state()
+        if state.stop_requested:
+            return "stopped"
+        if state.generation <= state.spec.generations:
+            return "budget_exhausted"
+        return "completed"
+
+    def _should_continue_as_new(self) -> bool:
+        every = self._require_state().spec.continue_as_new_every
+        if every is not None and self._generations_this_run >= every:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
+    def _target_name(self) -> str:
+        state = self._require_state()
+        prefix = state.spec.task_queue_prefix + "-"
+        queue = state.target_queue or state.spec.target
+        return queue[len(prefix) :] if queue.startswith(prefix) else queue
+
+    def _upsert_progress(self) -> None:
+        state = self._require_state()
+        updates: list[SearchAttributeUpdate[Any]] = [
+            PROBLEM_ATTR.value_set(state.spec.problem),
+            TARGET_ATTR.value_set(self._target_name()),
+            GENERATION_ATTR.value_set(state.generation),
+        ]
+        if state.incumbent is not None:
+            updates.append(BEST_SPEEDUP_ATTR.value_set(state.incumbent.speedup))
+        workflow.upsert_search_attributes(updates)
+
+    def _require_state(self) -> SearchState:
+        if self._state is None:
+            raise ApplicationError("the search has not started yet", non_retryable=True)
+        return self._state
+
+    def _result(self) -> SearchResult:
+        state = self._require_state()
+        inc = state.incumbent
+        return SearchResult(
+            search_id=state.search_id,
+            status=state.status,
+            best_speedup=inc.speedup if inc else None,
+            best_ci_low=inc.ci_low if inc else None,
+            best_ci_high=inc.ci_high if inc else None,
+            incumbent=inc.candidate if inc else None,
+            candidates_done=state.candidates_done,
+            verdict_counts=dict(state.verdict_counts),
+            generations_run=state.generation,
+        )
+
+    # -- messages ----------------------------------------------------------------------------------------
+
+    @workflow.query
+    def status(self) -> SearchStatus:
+        """Progress for people and the CLI; a query never changes the search."""
+        state = self._require_state()
+        inc = state.incumbent
+        return SearchStatus(
+            search_id=state.search_id,
+            problem=state.spec.problem,
+            target=state.spec.target,
+            target_queue=state.target_queue,
+            status="paused" if state.paused and not state.stop_requested else state.status,
+            generation=state.generation,
+            generations=state.spec.generations,
+            candidates_done=state.candidates_done,
+            verdict_counts=dict(state.verdict_counts),
+            best_speedup=inc.speedup if inc else None,
+            incumbent=f"{inc.candidate.label} ({inc.candidate.candidate_id[:12]})" if inc else None,
+            incumbent_id=inc.candidate.candidate_id if inc else None,
+            llm_spend_usd=state.llm_spend_usd,
+            hints=list(state.spec.hints),
+        )
+
+    @workflow.update
+    async def pause(self) -> SearchStatus:
+        """Stop starting new work; what is running finishes."""
+        self._require_state().paused = True
+        await self._record_message("paused", {})
+        return self.status()
+
+    @workflow.update
+    async def resume(self) -> SearchStatus:
+        """Undo a pause."""
+        self._require_state().paused = False
+        await self._record_message("resumed", {})
+        return self.status()
+
+    @workflow.update
+    async def stop(self) -> SearchStatus:
+        """End gracefully: running candidates finish, the record is completed, nothing new starts."""
+        self._require_state().stop_requested = True
+        await self._record_message("stop_requested", {})
+        return self.status()
+
+    @workflow.update
+    async def add_hint(self, text: str) -> SearchStatus:
+        """A human hint that proposers see from the next generation on."""
+        self._require_state().spec.hints.append(text.strip())
+        await self._record_message("hint_added", {"text": text.strip()})
+        return self.status()
+
+    @add_hint.validator
+    def _validate_hint(self, text: str) -> None:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("a hint must be non-empty text")
+
+    @workflow.update
+    async def extend_budget(self, budget: dict[str, Any]) -> SearchStatus:
+        """Raise (or set) the budget's limits; fields left out keep their value."""
+        state = self._require_state()
+        merged = state.spec.budget.model_dump() | {k: v for k, v in budget.items() if v is not None}
+        state.spec.budget = Budget.model_validate(merged)
+        await self._record_message("budget_extended", state.spec.budget.model_dump(mode="json"))
+        return self.status()
+
+    @extend_budget.validator
+    def _validate_budget(self, budget: dict[str, Any]) -> None:
+        # Rejected updates never reach history; pydantic's message says which field was wrong.
+        state = self._require_state()
+        Budget.model_validate(
+            state.spec.budget.model_dump() | {k: v for k, v in budget.items() if v is not None}
+        )
+
+    async def _record_message(self, kind: str, payload: dict[str, Any]) -> None:
+        state = self._require_state()
+        # Several messages of a kind may arrive; the update id keeps each one's key unique and stable.
+        update_id = workflow.current_update_info()
+        key = update_id.id if update_id else str(workflow.uuid4())
+        await self._record(
+            f"{state.search_id}/message/{key}",
+            f"search.{kind}",
+            {**payload, "generation": state.generation},
+        )
