@@ -14,16 +14,10 @@ from engine.search.state import CandidateOutcome
 
 def clears_margin(outcome: CandidateOutcome, policy: PromotionPolicy) -> bool:
     """True when the outcome is correct and its ratio's lower bound is above ``1 + margin``."""
-    return (
-        outcome.verdict == "ok"
-        and outcome.ratio_ci_low is not None
-        and outcome.ratio_ci_low > 1.0 + policy.margin
-    )
+    return outcome.verdict == "ok" and outcome.ratio_ci_low is not None and outcome.ratio_ci_low > 1.0 + policy.margin
 
 
-def choose_promotion(
-    outcomes: Sequence[CandidateOutcome], policy: PromotionPolicy
-) -> CandidateOutcome | None:
+def choose_promotion(outcomes: Sequence[CandidateOutcome], policy: PromotionPolicy) -> CandidateOutcome | None:
     """The candidate to promote from one generation, or None.
 
     Every candidate of a generation was timed against the same incumbent, so their ratios compare; among

@@ -123,6 +123,8 @@ class StepOutput(BaseModel):
     """Benchmark: upper end of that interval."""
     reused: bool = False
     """True when the outcome was already in the event log (a retried step) and was not redone."""
+    engine_seconds: float = 0.0
+    """Wall time of the step's own work (compiler, sandboxed validation or timing), without orchestration."""
 
 
 class RecordInput(BaseModel):

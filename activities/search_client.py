@@ -1,0 +1,89 @@
+"""Starting and steering searches from outside: what the CLI (and tests) call on a Temporal client."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import TypedSearchAttributes
+
+from engine.search.spec import SearchSpec, control_queue
+from engine.search.state import SearchResult, SearchStatus
+from workflows.kernel_search import (
+    BEST_SPEEDUP_ATTR,
+    GENERATION_ATTR,
+    PROBLEM_ATTR,
+    TARGET_ATTR,
+    KernelSearch,
+)
+
+
+def new_search_id(spec: SearchSpec) -> str:
+    """A readable, unique search id: `search-softmax-3f9c1a2b`."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.problem.rstrip("/").split("/")[-1]) or "problem"
+    return f"search-{name}-{uuid.uuid4().hex[:8]}"
+
+
+async def start_search(
+    client: Client, spec: SearchSpec, search_id: str | None = None
+) -> WorkflowHandle[KernelSearch, SearchResult]:
+    """Start a KernelSearch on the control queue; the spec travels as the plain dict the UI would send."""
+    workflow_id = search_id or new_search_id(spec)
+    return await client.start_workflow(
+        "KernelSearch",
+        spec.model_dump(mode="json", exclude_defaults=True) | {"problem": spec.problem},
+        id=workflow_id,
+        task_queue=control_queue(spec.task_queue_prefix),
+        result_type=SearchResult,
+        search_attributes=TypedSearchAttributes(
+            [PROBLEM_ATTR.value_set(spec.problem), TARGET_ATTR.value_set(spec.target)]
+        ),
+        # A workflow task that keeps failing is a bug, not bad input (the workflow validates its input
+        # itself); cap the whole search's life at a generous bound so a forgotten one ends.
+        execution_timeout=timedelta(days=30),
+    )
+
+
+async def search_status(client: Client, search_id: str) -> SearchStatus:
+    """The `status` query of a search (running or closed within retention)."""
+    return await client.get_workflow_handle(search_id).query("status", result_type=SearchStatus)
+
+
+async def send_update(client: Client, search_id: str, name: str, arg: Any = None) -> SearchStatus:
+    """Run one of the search's updates (pause, resume, stop, add_hint, extend_budget) and return its status."""
+    handle = client.get_workflow_handle(search_id)
+    if arg is None:
+        return await handle.execute_update(name, result_type=SearchStatus)
+    return await handle.execute_update(name, arg, result_type=SearchStatus)
+
+
+async def search_result(client: Client, search_id: str) -> SearchResult:
+    """Wait for a search to finish and return its result."""
+    return await client.get_workflow_handle(search_id, result_type=SearchResult).result()
+
+
+async def is_running(client: Client, search_id: str) -> bool:
+    description = await client.get_workflow_handle(search_id).describe()
+    return description.status == WorkflowExecutionStatus.RUNNING
+
+
+async def list_searches(client: Client, limit: int = 50) -> list[dict[str, Any]]:
+    """Recent searches with their progress attributes, newest first."""
+    rows = []
+    async for execution in client.list_workflows("WorkflowType = 'KernelSearch'", limit=limit):
+        attrs = execution.typed_search_attributes
+        rows.append(
+            {
+                "search_id": execution.id,
+                "status": execution.status.name.lower() if execution.status else "unknown",
+                "problem": attrs.get(PROBLEM_ATTR),
+                "target": attrs.get(TARGET_ATTR),
+                "generation": attrs.get(GENERATION_ATTR),
+                "best_speedup": attrs.get(BEST_SPEEDUP_ATTR),
+                "started": execution.start_time.isoformat() if execution.start_time else None,
+            }
+        )
+    return rows

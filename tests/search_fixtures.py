@@ -1,0 +1,44 @@
+"""Helpers for search tests: workers on a test's private task queues, and starting searches as the UI does.
+
+The fixtures (``temporal_env``, ``client``, ``prefix``) live in conftest.py."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+
+from activities.worker import build_workers
+from engine.eventstore import EventStore
+from engine.search.spec import control_queue
+from engine.search.state import SearchResult
+
+# Small, quick searches: a tenth of a second of timing per candidate keeps a test's search to seconds.
+QUICK = {"benchmark_seconds": 0.2, "heartbeat_seconds": 5, "worker_wait_seconds": 30}
+
+
+@contextlib.asynccontextmanager
+async def running_worker(client: Client, store: EventStore, prefix: str) -> AsyncIterator[None]:
+    """An in-process worker on the test's queues, shut down on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in build_workers(client, store, prefix=prefix, identity=f"test-worker-{prefix}"):
+            await stack.enter_async_context(worker)
+        yield
+
+
+async def start(
+    client: Client, prefix: str, raw: dict[str, Any], search_id: str | None = None
+) -> WorkflowHandle[Any, SearchResult]:
+    """Start a KernelSearch with exactly the dict given (as the Web UI would), on the test's queues."""
+    body = dict(raw)
+    body.setdefault("task_queue_prefix", prefix)
+    return await client.start_workflow(
+        "KernelSearch",
+        body,
+        id=search_id or f"search-test-{uuid.uuid4().hex[:8]}",
+        task_queue=control_queue(prefix),
+        result_type=SearchResult,
+    )

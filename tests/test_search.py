@@ -1,0 +1,219 @@
+"""KernelSearch end to end on the real Temporal dev server and a real Postgres.
+
+The workers run in this process (except in the crash test, which kills real worker processes); the kernels
+run in the harness's sandboxed child processes as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from search_fixtures import QUICK, running_worker, start
+from temporalio.client import Client, WorkflowFailureError
+
+from engine.evaluation import validate_artifact
+from engine.eventstore import EventStore
+from engine.problems import load_problem
+from engine.search.history import STEP_EVENTS, load_search_history, stream_of
+from engine.search.state import SearchResult, SearchStatus
+
+pytestmark = pytest.mark.slow
+
+
+def assert_complete_record(events: list[Any], result: SearchResult) -> None:
+    """Each evaluated candidate has exactly one outcome per step it reached, and versions are contiguous."""
+    versions = [e.stream_version for e in events]
+    assert versions == list(range(1, len(events) + 1))
+    positions = [e.position for e in events]
+    assert positions == sorted(positions)
+    steps = Counter((e.payload["candidate_id"], e.type) for e in events if e.type in STEP_EVENTS)
+    assert steps and max(steps.values()) == 1, f"a step was recorded twice: {steps.most_common(3)}"
+    compiled = {cid for cid, t in steps if t == "candidate.compiled"}
+    assert len(compiled) == result.candidates_done
+    for cid, step in steps:
+        if step == "candidate.benchmarked":
+            assert (cid, "candidate.validated") in steps
+        if step == "candidate.validated":
+            assert (cid, "candidate.compiled") in steps
+    types = [e.type for e in events]
+    assert types[0] == "search.started" and types[-1] == "search.finished"
+
+
+async def test_two_generation_search_records_everything_and_promotes_only_on_confidence(
+    client: Client, store: EventStore, prefix: str
+) -> None:
+    async with running_worker(client, store, prefix):
+        handle = await start(
+            client, prefix, {"problem": "softmax", "generations": 2, "candidates_per_generation": 2, **QUICK}
+        )
+        result = await handle.result()
+
+    assert result.status == "completed"
+    assert result.generations_run == 3  # the seed's generation 0, then two
+    assert result.incumbent is not None and result.best_speedup is not None
+    events = await store.read_stream(stream_of(handle.id))
+    assert_complete_record(events, result)
+    assert await store.verify(stream_of(handle.id)) is None
+
+    history = await load_search_history(store, handle.id)
+    assert history.incumbent is not None
+    assert history.incumbent.candidate.candidate_id == result.incumbent.candidate_id
+    margin = 0.02
+    for promotion in history.promotions[1:]:
+        # After the first incumbent, a promotion needs the interval's lower end above 1 + margin.
+        assert promotion["ratio_ci_low"] > 1 + margin, promotion
+    # The incumbent is correct: validate its artifact afresh with other seeds.
+    problem = load_problem("softmax")
+    report = await asyncio.to_thread(validate_artifact, problem, history.incumbent.artifact_id, base_seed=991)
+    assert report.verdict == "ok"
+    # Every outcome carries the Temporal ids that wrote it.
+    compiled = next(e for e in events if e.type == "candidate.compiled")
+    assert compiled.metadata["workflow_id"] == handle.id
+    assert compiled.metadata["attempt"] >= 1 and compiled.metadata["activity_id"]
+    assert compiled.metadata["worker"] == f"test-worker-{prefix}"
+    assert compiled.metadata["hardware"]["cpu_model"]
+
+
+async def test_the_web_ui_payload_alone_starts_a_complete_search(client: Client, store: EventStore) -> None:
+    # Exactly what a user types into the Temporal UI: every other field takes its default, including the
+    # default task queue prefix, so this test's worker serves the default queues.
+    async with running_worker(client, store, "kf"):
+        handle = await client.start_workflow(
+            "KernelSearch",
+            {"problem": "softmax"},
+            id=f"search-ui-{uuid.uuid4().hex[:8]}",
+            task_queue="kf-control",
+            result_type=SearchResult,
+        )
+        await wait_for(client, handle.id, lambda s: s.candidates_done >= 1)
+        await handle.execute_update("stop", result_type=SearchStatus)
+        result = await handle.result()
+    assert result.status == "stopped"
+    assert result.candidates_done >= 1
+    started = (await store.read_stream(stream_of(handle.id)))[0]
+    assert started.payload["spec"]["generations"] == 3
+    assert started.payload["spec"]["target"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"problem": "softmax", "generations": -1}, "generations"),
+        ({"problem": "softmax", "budget": {"max_candidates": -5}}, "max_candidates"),
+        ({"problem": "no-such-problem"}, "unknown problem 'no-such-problem'"),
+        ({"problem": "softmax", "generationz": 2}, "generationz"),
+    ],
+)
+async def test_bad_input_fails_the_search_at_once(
+    client: Client, store: EventStore, prefix: str, payload: dict[str, Any], message: str
+) -> None:
+    async with running_worker(client, store, prefix):
+        handle = await start(client, prefix, payload)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), timeout=60)
+    assert message in str(failure.value.cause)
+
+
+async def test_a_target_no_worker_serves_fails_naming_the_queue(client: Client, store: EventStore, prefix: str) -> None:
+    async with running_worker(client, store, prefix):
+        handle = await start(client, prefix, {"problem": "softmax", "target": "cuda-sm90", "worker_wait_seconds": 2})
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), timeout=60)
+    assert f"{prefix}-cuda-sm90" in str(failure.value.cause)
+
+
+async def wait_for(client: Client, search_id: str, condition: Any, timeout: float = 120) -> SearchStatus:
+    """Poll the status query until ``condition(status)`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            status = await client.get_workflow_handle(search_id).query("status", result_type=SearchStatus)
+            if condition(status):
+                return status
+        except Exception:
+            pass  # not started yet
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"search {search_id} did not reach the condition in {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+async def test_pause_resume_hint_and_stop(client: Client, store: EventStore, prefix: str) -> None:
+    async with running_worker(client, store, prefix):
+        handle = await start(
+            client, prefix, {"problem": "softmax", "generations": 5, "candidates_per_generation": 1, **QUICK}
+        )
+        await wait_for(client, handle.id, lambda s: s.candidates_done >= 1)
+        paused = await handle.execute_update("pause", result_type=SearchStatus)
+        assert paused.status == "paused"
+        # Work already started finishes; after that nothing new starts while paused.
+        await asyncio.sleep(3)
+        frozen = (await wait_for(client, handle.id, lambda s: True)).candidates_done
+        await asyncio.sleep(3)
+        assert (await wait_for(client, handle.id, lambda s: True)).candidates_done == frozen
+
+        hinted = await handle.execute_update("add_hint", "try the online softmax", result_type=SearchStatus)
+        assert "try the online softmax" in hinted.hints
+        await handle.execute_update("resume", result_type=SearchStatus)
+        await wait_for(client, handle.id, lambda s: s.candidates_done > frozen)
+        await handle.execute_update("stop", result_type=SearchStatus)
+        result = await handle.result()
+
+    assert result.status == "stopped"
+    events = await store.read_stream(stream_of(handle.id))
+    assert_complete_record(events, result)
+    types = [e.type for e in events]
+    assert {"search.paused", "search.resumed", "search.hint_added", "search.stop_requested"} <= set(types)
+    # The hint reached the proposer's input of every generation proposed after it.
+    hint_at = types.index("search.hint_added")
+    later = [e for e in events[hint_at:] if e.type == "generation.proposed"]
+    assert later and all("try the online softmax" in e.payload["hints"] for e in later)
+
+
+async def test_continue_as_new_keeps_the_search_state(client: Client, store: EventStore, prefix: str) -> None:
+    async with running_worker(client, store, prefix):
+        handle = await start(
+            client,
+            prefix,
+            {
+                "problem": "softmax",
+                "generations": 2,
+                "candidates_per_generation": 1,
+                "continue_as_new_every": 1,
+                **QUICK,
+            },
+        )
+        result = await handle.result()
+    assert result.status == "completed" and result.generations_run == 3
+    assert result.candidates_done == 3
+    runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
+    assert len(runs) >= 3, "each generation ran in its own run"
+    events = await store.read_stream(stream_of(handle.id))
+    assert_complete_record(events, result)
+    assert len({e.metadata.get("run_id") for e in events if e.type == "candidate.compiled"}) == 3
+
+
+async def test_resume_from_starts_at_the_earlier_incumbent_and_skips_its_candidates(
+    client: Client, store: EventStore, prefix: str
+) -> None:
+    async with running_worker(client, store, prefix):
+        first = await start(
+            client, prefix, {"problem": "softmax", "generations": 1, "candidates_per_generation": 3, **QUICK}
+        )
+        first_result = await first.result()
+        second = await start(
+            client,
+            prefix,
+            {"problem": "softmax", "generations": 1, "candidates_per_generation": 3, "resume_from": first.id, **QUICK},
+        )
+        await second.result()
+    assert first_result.incumbent is not None
+    earlier = await load_search_history(store, first.id)
+    later = await load_search_history(store, second.id)
+    seed = later.candidates[next(iter(later.candidates))]
+    assert seed.candidate_id == first_result.incumbent.candidate_id
+    repeated = (set(later.candidates) - {seed.candidate_id}) & set(earlier.candidates)
+    assert not repeated, "a candidate of the earlier search was evaluated again"
