@@ -9,7 +9,8 @@ KernelFactoryError            anything raised on purpose by this package
 └── EventStoreError           the event log refused an operation
     ├── ConcurrencyError      a writer's expected stream version was not the stream's version
     ├── IdempotencyConflict   an event id was reused with different content
-    └── PayloadTooLarge       an event's payload exceeds the documented limit
+    ├── PayloadTooLarge       an event's payload exceeds the documented limit (also a UserError)
+    └── InvalidEvent          an event the log cannot store as given (also a UserError)
 """
 
 from __future__ import annotations
@@ -46,10 +47,24 @@ class EventStoreError(KernelFactoryError):
 class ConcurrencyError(EventStoreError):
     """A writer expected a stream version other than the stream's current one."""
 
+    def __init__(self, message: str, *, stream_id: str = "", expected: int = -1, actual: int = -1) -> None:
+        super().__init__(message)
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+
 
 class IdempotencyConflict(EventStoreError):
     """An event id was appended again with different content."""
 
+    def __init__(self, message: str, *, event_id: str = "") -> None:
+        super().__init__(message)
+        self.event_id = event_id
+
 
 class PayloadTooLarge(EventStoreError, UserError):
     """An event payload exceeds the store's documented limit; store the bulk content-addressed instead."""
+
+
+class InvalidEvent(EventStoreError, UserError):
+    """An event the log cannot store as given: a duplicate id within one batch, a payload that is not JSON."""

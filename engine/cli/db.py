@@ -1,0 +1,77 @@
+"""``kf db migrate`` and ``kf db status``: the event database's schema."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+from pathlib import Path
+from typing import Any
+
+from engine.config import database_url_override
+from engine.database_url import mask_password
+from engine.errors import ConfigurationError
+from engine.migrations import MIGRATIONS_DIR, migrate, migration_status
+
+
+def register(subparsers: Any) -> None:
+    db = subparsers.add_parser("db", help="the event database: apply and inspect migrations")
+    commands = db.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
+    for name, handler, help_text in (
+        ("migrate", _migrate, "apply pending migrations (safe to repeat)"),
+        ("status", _status, "list migrations: applied, pending, edited or missing"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument(
+            "--database-url",
+            default=None,
+            help="Postgres URL (default: KF_DATABASE_URL, else the embedded database of `kf up`)",
+        )
+        command.add_argument(
+            "--migrations-dir", type=Path, default=MIGRATIONS_DIR, help="folder of NNNN_name.sql files"
+        )
+        command.set_defaults(handler=handler)
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    if args.database_url:
+        return str(args.database_url)
+    override = database_url_override()
+    if override:
+        return override
+    # The embedded server's URL is known to the services layer (engine.connections, from `kf up`).
+    try:
+        connections = importlib.import_module("engine.connections")
+    except ImportError:
+        connections = None
+    if connections is not None and hasattr(connections, "database_url"):
+        return str(connections.database_url())
+    raise ConfigurationError(
+        "no database to migrate: start the embedded one with `kf up`, set KF_DATABASE_URL, "
+        "or pass --database-url postgresql://USER@HOST:PORT/DATABASE"
+    )
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    url = _database_url(args)
+    applied = asyncio.run(migrate(url, args.migrations_dir))
+    if applied:
+        print(f"applied {len(applied)} migration(s) to {mask_password(url)}:")
+        for name in applied:
+            print(f"  {name}")
+    else:
+        print(f"{mask_password(url)} is up to date")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    url = _database_url(args)
+    states = asyncio.run(migration_status(url, args.migrations_dir))
+    print(f"migrations of {mask_password(url)}:")
+    for state in states:
+        when = f"  applied {state.applied_at:%Y-%m-%d %H:%M:%S}" if state.applied_at else ""
+        print(f"  {state.state:8} {state.name}{when}")
+    if not states:
+        print("  (no migration files)")
+    # Non-zero when the database is not exactly at the files' state, so scripts can check it.
+    return 0 if all(state.state == "applied" for state in states) else 1
