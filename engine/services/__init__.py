@@ -1,0 +1,96 @@
+"""The embedded default: a Temporal dev server and a Postgres, with all their state under one folder.
+
+``kf up`` / ``kf down`` / ``kf status`` call ``up`` / ``down`` / ``status``. With ``KF_TEMPORAL_ADDRESS`` or
+``KF_DATABASE_URL`` set, the corresponding server is the user's ("external"): it is never started or
+stopped here, though ``up`` still applies migrations to the external database. Clients find either kind
+through ``engine.connections``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from engine import connections
+from engine.services import postgres_server, temporal_server
+from engine.services.paths import StatePaths
+from engine.services.status import ServicesStatus, ServiceState, ServiceStatus
+from engine.services.temporal_server import SEARCH_ATTRIBUTES, temporal_binary
+
+__all__ = [
+    "SEARCH_ATTRIBUTES",
+    "ServiceState",
+    "ServiceStatus",
+    "ServicesStatus",
+    "StatePaths",
+    "down",
+    "status",
+    "temporal_binary",
+    "up",
+]
+
+
+def up(home: Path | None = None) -> ServicesStatus:
+    """Start whatever of the two servers does not run yet, then apply migrations. Safe to repeat."""
+    paths = StatePaths.of(home)
+    notes: list[str] = []
+    # The dev server takes a few seconds to open its ports: launch it first, start Postgres and migrate
+    # meanwhile, then wait for it.
+    launched = temporal_server.launch(paths, notes)
+    try:
+        postgres_server.start(paths, notes)
+        _migrate(connections.database_url(paths.home), notes)
+    finally:
+        if launched is not None:
+            temporal_server.wait_ready(paths, launched)
+    temporal_server.register_search_attributes(paths, notes)
+    return _report(paths, notes)
+
+
+def down(home: Path | None = None) -> ServicesStatus:
+    """Stop both embedded servers; their data stays for the next ``up``."""
+    paths = StatePaths.of(home)
+    notes: list[str] = []
+    temporal_server.stop(paths, notes)
+    postgres_server.stop(paths, notes)
+    return _report(paths, notes)
+
+
+def status(home: Path | None = None) -> ServicesStatus:
+    """What runs and what does not. Stale pid files found on the way are removed (and noted)."""
+    paths = StatePaths.of(home)
+    return _report(paths, [])
+
+
+def _report(paths: StatePaths, notes: list[str]) -> ServicesStatus:
+    return ServicesStatus(
+        home=paths.home,
+        temporal=temporal_server.status(paths, notes),
+        postgres=postgres_server.status(paths, notes),
+        notes=notes,
+    )
+
+
+def _migrate(database_url: str, notes: list[str]) -> None:
+    # engine.migrations is written alongside this module; until it lands, `kf up` still starts servers.
+    if importlib.util.find_spec("engine.migrations") is None:
+        notes.append("Migrations: engine.migrations is not available yet; skipped")
+        return
+    from engine.migrations import migrate
+
+    applied = _run(migrate(database_url))
+    notes.append(f"Migrations: applied {', '.join(applied)}" if applied else "Migrations: up to date")
+
+
+def _run(coroutine: Coroutine[Any, Any, list[str]]) -> list[str]:
+    """Run a coroutine to completion from synchronous code, even when called inside an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()

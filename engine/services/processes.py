@@ -1,0 +1,96 @@
+"""Processes of the embedded servers: is a pid still the program we started, and stopping it.
+
+A pid alone proves little: after a crash or a reboot the number may belong to any other program. So a
+server counts as running only when its pid is alive *and* its command line is the one we launched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def command_line(pid: int) -> list[str] | None:
+    """The argv of process ``pid``; None if there is no such process or it already exited (a zombie)."""
+    if pid <= 0:
+        return None
+    if PROC.is_dir():
+        try:
+            stat = (PROC / str(pid) / "stat").read_text()
+            raw = (PROC / str(pid) / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return None
+        # The state letter follows the command name in parentheses, which may itself contain spaces.
+        if stat.rpartition(")")[2].split()[:1] == ["Z"]:
+            _reap(pid)
+            return None
+        return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    # No /proc (macOS): ask ps; the arguments come back joined by spaces, enough for identity checks.
+    result = subprocess.run(["ps", "-o", "stat=,args=", "-p", str(pid)], capture_output=True, text=True)
+    fields = result.stdout.split()
+    if result.returncode != 0 or not fields or fields[0].startswith("Z"):
+        return None
+    return fields[1:]
+
+
+def is_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and has not exited."""
+    return command_line(pid) is not None
+
+
+def describe(pid: int) -> str:
+    """``pid 42 (`sleep 100`)`` for messages, or ``pid 42 (not running)``."""
+    argv = command_line(pid)
+    if argv is None:
+        return f"pid {pid} (not running)"
+    shown = " ".join(" ".join(argv).split())
+    return f"pid {pid} (`{shown[:80]}{'…' if len(shown) > 80 else ''}`)"
+
+
+def find(matches: Callable[[list[str]], bool]) -> list[int]:
+    """Pids of the running processes whose command line ``matches`` (Linux only; elsewhere empty)."""
+    if not PROC.is_dir():
+        return []
+    found = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            argv = command_line(int(entry.name))
+            if argv and matches(argv):
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def terminate(pid: int, timeout: float = 20.0) -> bool:
+    """Stop ``pid``: SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. True if it had to be killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if wait_for_exit(pid, timeout):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    wait_for_exit(pid, 5.0)
+    return True
+
+
+def wait_for_exit(pid: int, timeout: float) -> bool:
+    """Wait until ``pid`` has exited; False if it still runs after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while is_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _reap(pid: int) -> None:
+    # A server started by this very process (tests, `kf demo`) stays a zombie until its parent waits
+    # for it; reap it so the pid is freed. Not our child: nothing to do.
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
