@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from engine.problems import Problem
+from engine.proposers.failures import RecentFailure
 from engine.search.candidates import Candidate
 
 
@@ -33,6 +34,18 @@ class ProposalContext(BaseModel):
     """Human hints."""
     flags: list[str] | None = None
     """Compiler flags the search uses."""
+    models: list[str] = Field(default_factory=list)
+    """litellm model names for LLM proposers (the spec's); empty means `KF_MODELS`."""
+    incumbent_evidence: dict[str, Any] = Field(default_factory=dict)
+    """The incumbent's evidence shown to LLMs: `speedup`, `ci_low`, `ci_high` (over numpy), `generation`."""
+    recent_failures: list[RecentFailure] = Field(default_factory=list)
+    """The search's newest failures, newest first (see `recent_failures_from_events`); fixers repair them."""
+    lessons_summary: str = ""
+    """The lesson summary for this problem and target (about 15 lines); empty when nothing was learned yet."""
+    llm_spent_usd: float = 0.0
+    """What the search's LLM calls have cost so far."""
+    llm_budget_usd: float | None = None
+    """The search's LLM budget (`budget.max_llm_usd`); None: no limit."""
 
 
 class Proposer(Protocol):

@@ -1,0 +1,173 @@
+"""Recent failures: the evidence a fixer repairs from.
+
+A failure is one candidate that did not compile, was wrong, crashed or timed out, or one LLM reply that was
+rejected before compiling. It carries the one line a person (or a model) needs to repair it — the first
+compile error, the worst incorrect case — and the source it concerns, bounded in size so prompts stay small.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from engine.events import RecordedEvent
+
+FailureStage = Literal["proposal", "compile", "validate", "benchmark"]
+SOURCE_LIMIT = 8000
+"""Characters of a failing source kept in a failure (a kernel is a few KiB; a model's runaway reply is not)."""
+MESSAGE_LIMIT = 600
+"""Characters of a failure's message kept."""
+
+
+class RecentFailure(BaseModel):
+    """One recent failure of a search, newest first in ``ProposalContext.recent_failures``."""
+
+    stage: FailureStage
+    """Where it failed: `proposal` (the reply was rejected before compiling), `compile`, `validate`, `benchmark`."""
+    verdict: str
+    """The verdict (`compile_error`, `incorrect`, `crash`, …) or, for a proposal, the rejection reason."""
+    message: str
+    """The first compile error, the worst failing case, or why the reply was rejected."""
+    candidate_id: str | None = None
+    """The failing candidate; None for a rejected reply (it never became a candidate)."""
+    label: str = ""
+    """The candidate's human name, or the role and model of a rejected reply."""
+    source: str = ""
+    """The failing source (bounded), or an excerpt of the rejected reply."""
+    category: str | None = None
+    """The compile error's category (`syntax`, `undeclared`, …) or the failing check (`output`, `signal`, …)."""
+    generation: int | None = None
+    """The generation it belongs to."""
+
+
+def _bounded(text: str | None, limit: int) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit] + f"\n… [{len(text) - limit} more characters]"
+
+
+def failure_from_compile(
+    candidate_id: str, source: str, result: Any, *, label: str = "", generation: int | None = None
+) -> RecentFailure:
+    """The failure of a candidate whose CompileResult (or its JSON) is not ok."""
+    data = result.model_dump(mode="json") if hasattr(result, "model_dump") else dict(result)
+    return RecentFailure(
+        stage="compile",
+        verdict=str(data.get("verdict", "compile_error")),
+        message=_bounded(data.get("first_error") or data.get("log") or "did not compile", MESSAGE_LIMIT),
+        candidate_id=candidate_id,
+        label=label,
+        source=_bounded(source, SOURCE_LIMIT),
+        category=data.get("error_category"),
+        generation=generation,
+    )
+
+
+def failure_from_validation(
+    candidate_id: str,
+    source: str,
+    report: Any,
+    *,
+    stage: FailureStage = "validate",
+    label: str = "",
+    generation: int | None = None,
+) -> RecentFailure:
+    """The failure of a candidate whose ValidationReport (or BenchmarkReport, or their JSON) is not ok.
+
+    The worst case is the one with the largest error outside tolerance; a crash or timeout has one case."""
+    data = report.model_dump(mode="json") if hasattr(report, "model_dump") else dict(report)
+    cases: list[dict[str, Any]] = list(data.get("cases") or [])
+    worst = max(cases, key=lambda c: c.get("max_abs_err") or 0.0) if cases else None
+    if worst is not None:
+        where = f" (shape {worst.get('shape')}, distribution {worst.get('distribution')}, seed {worst.get('seed')})"
+        message = str(worst.get("message", "")) + where
+    else:
+        message = str(data.get("message") or data.get("verdict", "failed"))
+    tail = data.get("output_tail") or ""
+    if tail:
+        message += f"; its output ended with: {tail[-200:]}"
+    return RecentFailure(
+        stage=stage,
+        verdict=str(data.get("verdict", "incorrect")),
+        message=_bounded(message, MESSAGE_LIMIT),
+        candidate_id=candidate_id,
+        label=label,
+        source=_bounded(source, SOURCE_LIMIT),
+        category=worst.get("check") if worst else None,
+        generation=generation,
+    )
+
+
+def failure_from_rejected_reply(
+    reason: str, message: str, reply_excerpt: str, *, label: str = "", generation: int | None = None
+) -> RecentFailure:
+    """The failure of an LLM reply rejected before compiling (no code, forbidden call, wrong signature)."""
+    return RecentFailure(
+        stage="proposal",
+        verdict=reason,
+        message=_bounded(message, MESSAGE_LIMIT),
+        label=label,
+        source=_bounded(reply_excerpt, SOURCE_LIMIT),
+        generation=generation,
+    )
+
+
+_STEP_STAGES: dict[str, FailureStage] = {
+    "candidate.compiled": "compile",
+    "candidate.validated": "validate",
+    "candidate.benchmarked": "benchmark",
+}
+
+
+def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> list[RecentFailure]:
+    """The newest ``limit`` failures of a search's event stream (read with ``EventStore.read_stream``).
+
+    Reads `candidate.proposed` for sources, the step outcomes (`candidate.compiled`, `…validated`,
+    `…benchmarked`) for compile errors and failing cases, and `proposal.failed` for rejected replies
+    (payload: ``ProposalFailure.model_dump``). A candidate appears once, at its first failing step.
+    """
+    sources: dict[str, tuple[str, str]] = {}
+    found: list[RecentFailure] = []
+    failed_ids: set[str] = set()
+    for event in events:
+        payload = event.payload
+        if event.type == "candidate.proposed":
+            candidate = payload.get("candidate", {})
+            sources[candidate.get("candidate_id", "")] = (candidate.get("source", ""), candidate.get("label", ""))
+        elif event.type in _STEP_STAGES:
+            output = payload.get("output", {})
+            cid = str(payload.get("candidate_id", ""))
+            if output.get("verdict") in (None, "ok") or cid in failed_ids:
+                continue
+            failed_ids.add(cid)
+            source, label = sources.get(cid, ("", ""))
+            evidence = payload.get("evidence") or {}
+            generation = payload.get("generation")
+            stage = _STEP_STAGES[event.type]
+            if stage == "compile":
+                found.append(failure_from_compile(cid, source, evidence, label=label, generation=generation))
+            else:
+                # A benchmark's evidence is {"reports": [...]}; the first report that is not ok tells why.
+                reports = evidence.get("reports") if stage == "benchmark" else [evidence]
+                bad = next((r for r in reports or [] if r.get("verdict") != "ok"), None)
+                found.append(
+                    failure_from_validation(
+                        cid,
+                        source,
+                        bad or {"verdict": output.get("verdict"), "message": output.get("summary", "")},
+                        stage=stage,
+                        label=label,
+                        generation=generation,
+                    )
+                )
+        elif event.type == "proposal.failed":
+            found.append(
+                failure_from_rejected_reply(
+                    str(payload.get("reason", "rejected")),
+                    str(payload.get("message", "")),
+                    str(payload.get("reply_excerpt", "")),
+                    label=str(payload.get("label", "")),
+                    generation=payload.get("generation"),
+                )
+            )
+    return list(reversed(found))[:limit]
