@@ -9,9 +9,11 @@ through ``engine.connections``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib.util
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,11 @@ __all__ = [
 def up(home: Path | None = None) -> ServicesStatus:
     """Start whatever of the two servers does not run yet, then apply migrations. Safe to repeat."""
     paths = StatePaths.of(home)
+    with _exclusive(paths):
+        return _up(paths)
+
+
+def _up(paths: StatePaths) -> ServicesStatus:
     notes: list[str] = []
     # The dev server takes a few seconds to open its ports: launch it first, start Postgres and migrate
     # meanwhile, then wait for it.
@@ -55,15 +62,26 @@ def down(home: Path | None = None) -> ServicesStatus:
     """Stop both embedded servers; their data stays for the next ``up``."""
     paths = StatePaths.of(home)
     notes: list[str] = []
-    temporal_server.stop(paths, notes)
-    postgres_server.stop(paths, notes)
-    return _report(paths, notes)
+    with _exclusive(paths):
+        temporal_server.stop(paths, notes)
+        postgres_server.stop(paths, notes)
+        return _report(paths, notes)
 
 
 def status(home: Path | None = None) -> ServicesStatus:
     """What runs and what does not. Stale pid files found on the way are removed (and noted)."""
     paths = StatePaths.of(home)
     return _report(paths, [])
+
+
+@contextmanager
+def _exclusive(paths: StatePaths) -> Iterator[None]:
+    """One `kf up` or `kf down` at a time per state folder: two at once would both start a server."""
+    paths.run.mkdir(parents=True, exist_ok=True)
+    with (paths.run / "kf.lock").open("w") as lock:
+        # Released by the kernel when this process exits, however it exits: no stale lock to clean.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _report(paths: StatePaths, notes: list[str]) -> ServicesStatus:

@@ -1,0 +1,318 @@
+"""`kf up` / `kf status` / `kf down` on the real binaries: the temporal dev server and pgserver's Postgres.
+
+Every test gets its own state folder and free ports, and its servers are stopped in teardown even when
+the test fails. The CLI runs as a subprocess, as a user runs it: the servers must outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from engine import connections, services
+from engine.errors import ConfigurationError
+from engine.services import processes
+from engine.services.paths import StatePaths
+
+pytestmark = pytest.mark.slow
+
+KF = Path(sys.executable).parent / "kf"
+TEMPORAL = str(services.temporal_binary())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Kf:
+    """The kf command line pointed at one test's state folder and ports."""
+
+    paths: StatePaths
+    env: dict[str, str]
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(KF), *args], env=self.env, capture_output=True, text=True, timeout=120)
+
+    def status(self) -> dict[str, Any]:
+        result = self("status", "--json")
+        assert result.returncode in (0, 3), result.stderr
+        report: dict[str, Any] = json.loads(result.stdout)
+        return report
+
+    def states(self) -> tuple[str, str]:
+        report = self.status()
+        return report["temporal"]["state"], report["postgres"]["state"]
+
+    def temporal(self, *args: str) -> subprocess.CompletedProcess[str]:
+        address = f"127.0.0.1:{self.env['KF_TEMPORAL_PORT']}"
+        return subprocess.run(
+            [TEMPORAL, *args, "--address", address], capture_output=True, text=True, timeout=60, check=False
+        )
+
+
+@pytest.fixture
+def kf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kf]:
+    env = dict(os.environ)
+    for variable in ("KF_DATABASE_URL", "KF_TEMPORAL_ADDRESS", "KF_TEMPORAL_NAMESPACE"):
+        env.pop(variable, None)
+        monkeypatch.delenv(variable, raising=False)
+    env |= {
+        "KF_HOME": str(tmp_path / "kf"),
+        "KF_TEMPORAL_PORT": str(free_port()),
+        "KF_TEMPORAL_UI_PORT": str(free_port()),
+    }
+    for variable in ("KF_HOME", "KF_TEMPORAL_PORT", "KF_TEMPORAL_UI_PORT"):
+        monkeypatch.setenv(variable, env[variable])
+    runner = Kf(StatePaths.of(tmp_path / "kf"), env)
+    try:
+        yield runner
+    finally:
+        services.down(runner.paths.home)
+
+
+async def count_rows(url: str) -> int:
+    connection = await asyncpg.connect(url)
+    try:
+        count: int = await connection.fetchval("SELECT count(*) FROM kf_test_survivors")
+        return count
+    finally:
+        await connection.close()
+
+
+async def test_up_status_down_up_keeps_the_data(kf: Kf) -> None:
+    started = kf("up")
+    assert started.returncode == 0, started.stderr
+    assert "Temporal: started" in started.stdout and "Postgres: started" in started.stdout
+    assert f"http://127.0.0.1:{kf.env['KF_TEMPORAL_UI_PORT']}" in started.stdout
+    assert f"127.0.0.1:{kf.env['KF_TEMPORAL_PORT']}" in started.stdout
+    assert "Migrations: applied" in started.stdout
+
+    running = kf("status")
+    assert running.returncode == 0, running.stdout
+    assert kf.states() == ("running", "running")
+    assert connections.temporal_address() == f"127.0.0.1:{kf.env['KF_TEMPORAL_PORT']}"
+
+    attributes = json.loads(kf.temporal("operator", "search-attribute", "list", "--output", "json").stdout)
+    assert set(services.SEARCH_ATTRIBUTES) <= set(attributes["customAttributes"])
+
+    url = connections.database_url()
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute("CREATE TABLE kf_test_survivors (id int PRIMARY KEY)")
+        await connection.execute("INSERT INTO kf_test_survivors VALUES (1), (2), (3)")
+    finally:
+        await connection.close()
+    workflow = kf.temporal("workflow", "start", "--type", "Nothing", "--task-queue", "kf-test", "-w", "survivor")
+    assert workflow.returncode == 0, workflow.stderr
+
+    stopped = kf("down")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "Temporal: stopped" in stopped.stdout and "Postgres: stopped" in stopped.stdout
+    assert kf("status").returncode == 3
+    assert kf.states() == ("stopped", "stopped")
+    with pytest.raises(ConfigurationError, match="kf up"):
+        connections.database_url()
+    with pytest.raises(ConfigurationError, match="kf up"):
+        connections.temporal_address()
+
+    again = kf("up")
+    assert again.returncode == 0, again.stderr
+    assert "Migrations: up to date" in again.stdout
+    assert await count_rows(connections.database_url()) == 3
+    described = kf.temporal("workflow", "describe", "-w", "survivor", "--output", "json")
+    assert described.returncode == 0, described.stderr
+
+    # The same servers seen as external ones (as docker-compose's one-shot `kf up` sees them): nothing is
+    # started, migrations are checked, and a search attribute missing from the namespace is registered.
+    removed = kf.temporal("operator", "search-attribute", "remove", "--name", "BestSpeedup", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    external = kf.env | {
+        "KF_DATABASE_URL": connections.database_url(),
+        "KF_TEMPORAL_ADDRESS": connections.temporal_address(),
+    }
+    result = subprocess.run([str(KF), "up"], env=external, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Temporal: external" in result.stdout and "Postgres: external" in result.stdout
+    assert "Migrations: up to date" in result.stdout
+    assert "registered search attribute BestSpeedup (Double)" in result.stdout
+
+
+def test_up_twice_reports_already_running(kf: Kf) -> None:
+    # Even at the same moment: one starts the servers, the other finds them running.
+    racing = [subprocess.Popen([str(KF), "up"], env=kf.env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [process.communicate(timeout=120)[0] for process in racing]
+    assert [process.returncode for process in racing] == [0, 0], outputs
+    assert sorted("Temporal: started" in output for output in outputs) == [False, True], outputs
+    first = kf.status()
+    second = kf("up")
+    assert second.returncode == 0, second.stderr
+    assert "Temporal: already running" in second.stdout and "Postgres: already running" in second.stdout
+    assert kf.status()["temporal"] == first["temporal"] and kf.status()["postgres"] == first["postgres"]
+
+    # A lost pid file does not make kf start a second server on the same store: it finds the first.
+    kf.paths.temporal_pidfile.unlink()
+    third = kf("up")
+    assert third.returncode == 0, third.stderr
+    assert "without a pid file" in third.stdout and "Temporal: already running" in third.stdout
+    assert kf.status()["temporal"] == first["temporal"]
+
+
+def test_half_started_up_starts_only_the_missing_server(kf: Kf) -> None:
+    assert kf("up").returncode == 0
+    postgres_pid = kf.status()["postgres"]["pid"]
+    temporal_pid = kf.status()["temporal"]["pid"]
+    os.kill(temporal_pid, signal.SIGKILL)  # a crash: the pid file stays behind
+    processes.wait_for_exit(temporal_pid, 10)
+
+    half = kf("status")
+    assert half.returncode == 3
+    assert "removed stale pid file" in half.stdout
+    assert kf.states() == ("stopped", "running")
+
+    resumed = kf("up")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Temporal: started" in resumed.stdout and "Postgres: already running" in resumed.stdout
+    assert kf.states() == ("running", "running")
+    assert kf.status()["postgres"]["pid"] == postgres_pid
+
+
+def test_stale_pid_files_of_other_programs_are_cleaned_up(kf: Kf) -> None:
+    # Pids reused by unrelated programs: trusting them would mean "already running" (Temporal) and
+    # "another postmaster is running" (Postgres).
+    assert kf("up").returncode == 0
+    assert kf("down").returncode == 0
+    impostor = subprocess.Popen(["sleep", "60"])
+    try:
+        kf.paths.temporal_pidfile.write_text(
+            json.dumps(
+                {
+                    "pid": impostor.pid,
+                    "ip": "127.0.0.1",
+                    "port": int(kf.env["KF_TEMPORAL_PORT"]),
+                    "ui_port": int(kf.env["KF_TEMPORAL_UI_PORT"]),
+                    "db_filename": str(kf.paths.temporal_db),
+                    "started_at": "2024-01-01T00:00:00Z",
+                }
+            )
+        )
+        postmaster = kf.paths.postgres_data / "postmaster.pid"
+        postmaster.write_text(f"{impostor.pid}\n{kf.paths.postgres_data}\n1700000000\n5432\n\n\n\nready\n")
+
+        result = kf("up")
+        assert result.returncode == 0, result.stderr
+        assert f"pid {impostor.pid} (`sleep 60`) is not this state folder's dev server" in result.stdout
+        assert "Postgres: removed stale" in result.stdout
+        assert kf.states() == ("running", "running")
+        assert impostor.poll() is None, "kf must never signal a process it did not start"
+    finally:
+        impostor.kill()
+        impostor.wait()
+
+
+def test_pid_files_of_dead_or_unreadable_servers_read_as_stopped(kf: Kf) -> None:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    kf.paths.run.mkdir(parents=True)
+    kf.paths.temporal_pidfile.write_text(
+        json.dumps(
+            {
+                "pid": finished.pid,
+                "ip": "127.0.0.1",
+                "port": 1,
+                "ui_port": 2,
+                "db_filename": str(kf.paths.temporal_db),
+                "started_at": "2024-01-01T00:00:00Z",
+            }
+        )
+    )
+    kf.paths.postgres_pidfile.write_text("{not json")
+    report = kf.status()
+    assert (report["temporal"]["state"], report["postgres"]["state"]) == ("stopped", "stopped")
+    notes = "\n".join(report["notes"])
+    assert f"pid {finished.pid} (not running)" in notes
+    assert "Postgres: removed stale pid file" in notes
+    assert not kf.paths.temporal_pidfile.exists() and not kf.paths.postgres_pidfile.exists()
+    assert kf.status()["notes"] == []
+
+
+def test_a_taken_port_is_named_with_the_fix(kf: Kf) -> None:
+    port = int(kf.env["KF_TEMPORAL_PORT"])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        result = kf("up")
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port} is already in use" in result.stderr
+    assert "KF_TEMPORAL_PORT=" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not kf.paths.temporal_pidfile.exists()
+    assert kf.states() == ("stopped", "stopped")
+
+
+def test_a_server_that_fails_to_start_shows_its_log(kf: Kf) -> None:
+    kf.paths.create()
+    kf.paths.temporal_db.write_bytes(b"this is not an SQLite database" * 100)
+    result = kf("up")
+    assert result.returncode == 2
+    assert "Temporal dev server exited during start-up" in result.stderr
+    assert f"Last lines of {kf.paths.temporal_log}" in result.stderr
+    assert not kf.paths.temporal_pidfile.exists()
+    # Postgres started meanwhile; the next `kf up` (after the fix) starts only Temporal.
+    assert kf.states() == ("stopped", "running")
+
+
+def test_a_postgres_that_fails_to_start_shows_its_log(kf: Kf) -> None:
+    assert kf("up").returncode == 0
+    assert kf("down").returncode == 0
+    with (kf.paths.postgres_data / "postgresql.conf").open("a") as config:
+        config.write("\nkf_no_such_setting = 1\n")
+    result = kf("up")
+    assert result.returncode == 2
+    assert "Postgres did not start" in result.stderr
+    assert "kf_no_such_setting" in result.stderr  # quoted from the server's own log
+    assert str(kf.paths.postgres_log) in result.stderr
+    assert kf.states() == ("running", "stopped")
+
+
+async def test_external_servers_are_not_started_but_migrated(
+    kf: Kf, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    kf.env |= {"KF_DATABASE_URL": fresh_db_url, "KF_TEMPORAL_ADDRESS": closed}
+    monkeypatch.setenv("KF_DATABASE_URL", fresh_db_url)
+    monkeypatch.setenv("KF_TEMPORAL_ADDRESS", closed)
+
+    result = kf("up")
+    assert result.returncode == 0, result.stderr
+    assert "Temporal: external" in result.stdout and "Postgres: external" in result.stdout
+    assert "Migrations: applied" in result.stdout
+    assert not kf.paths.temporal_pidfile.exists() and not kf.paths.postgres_data.exists()
+
+    report = kf.status()
+    assert kf("status").returncode == 3  # the external Temporal does not answer
+    assert report["postgres"] == report["postgres"] | {"state": "external", "reachable": True}
+    assert report["temporal"] == report["temporal"] | {"state": "external", "reachable": False}
+    assert connections.database_url() == fresh_db_url
+    assert connections.temporal_address() == closed
+    assert "left alone" in kf("down").stdout
+
+
+def test_a_port_that_is_not_a_number_is_refused(kf: Kf) -> None:
+    kf.env["KF_TEMPORAL_PORT"] = "72x33"
+    result = kf("up")
+    assert result.returncode == 2
+    assert "KF_TEMPORAL_PORT='72x33' is not a TCP port" in result.stderr
