@@ -18,6 +18,9 @@ COMMAND_MODULES = [
     "engine.cli.services",
     "engine.cli.db",
     "engine.cli.evaluate",
+    "engine.cli.worker",
+    "engine.cli.search",
+    "engine.cli.demo",
 ]
 
 

@@ -1,4 +1,4 @@
-"""``kf up``, ``kf down``, ``kf status``, ``kf demo``: the embedded Temporal and Postgres of the state folder."""
+"""``kf up``, ``kf down``, ``kf status``: the embedded Temporal and Postgres of the state folder."""
 
 from __future__ import annotations
 
@@ -18,12 +18,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("down", down, "stop the embedded servers; their data is kept"),
         ("status", status, f"show what runs (exit status 0 when both do, {EXIT_NOT_RUNNING} otherwise)"),
     ]
-    # A placeholder `kf demo` until engine.cli.demo (the real one: a short search) is listed in
-    # COMMAND_MODULES; registering both would make argparse refuse the duplicate name.
-    from engine.cli import COMMAND_MODULES
-
-    if "engine.cli.demo" not in COMMAND_MODULES:
-        commands.append(("demo", demo, "start the services and show where to look"))
     for name, handler, summary in commands:
         parser = subparsers.add_parser(name, help=summary, description=summary)
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -46,14 +40,6 @@ def status(args: argparse.Namespace) -> int:
     report = services.status()
     _print(report, args.json)
     return 0 if report.all_running else EXIT_NOT_RUNNING
-
-
-def demo(args: argparse.Namespace) -> int:
-    report = services.up()
-    _print(report, args.json)
-    if not args.json and report.temporal.ui_url:
-        print(f"\nOpen the Temporal Web UI: {report.temporal.ui_url}")
-    return 0
 
 
 def _print(report: ServicesStatus, as_json: bool) -> None:
