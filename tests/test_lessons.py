@@ -1,0 +1,214 @@
+"""The lessons projection and lessons_for, on synthetic search histories in a real Postgres."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from lessons_fixtures import TARGET, SyntheticSearch, record_random_search
+
+from engine.events import NewEvent
+from engine.eventstore import EventStore
+from engine.evidence_index import recorded_evidence
+from engine.lessons import SUMMARY_LINES, lessons_for
+from engine.lessons_projection import (
+    PROJECTION,
+    apply_events,
+    catch_up_lessons,
+    rebuild_lessons,
+)
+from engine.problems import load_problem
+from engine.projections import checkpoint_of
+from engine.search.candidates import Candidate
+
+VIEW_TABLES = {
+    "lesson_searches": "stream_id",
+    "lesson_candidates": "stream_id, candidate_id",
+    "lesson_stats": "family, problem, target, change",
+    "lesson_failures": "family, problem, target, change, kind, pattern",
+    "candidate_evidence": "candidate_id, target, problem_fingerprint",
+}
+
+
+async def view_rows(store: EventStore) -> dict[str, list[dict[str, Any]]]:
+    return {
+        table: [dict(r) for r in await store.pool.fetch(f"SELECT * FROM {table} ORDER BY {order}")]
+        for table, order in VIEW_TABLES.items()
+    }
+
+
+async def test_incremental_catch_up_equals_rebuild_from_zero(store: EventStore) -> None:
+    # Three searches, caught up after each and in small pages, so page boundaries fall everywhere.
+    await record_random_search(store, "s1", "softmax", seed=1, generations=3)
+    await catch_up_lessons(store, page_size=7)
+    await record_random_search(store, "s2", "softmax", seed=2, generations=2, record_family=False)
+    await catch_up_lessons(store, page_size=3)
+    await record_random_search(store, "s3", "rmsnorm", seed=3, generations=2, failure=lambda p: None)
+    reached = await catch_up_lessons(store, page_size=11)
+    assert reached == await store.last_position()
+    incremental = await view_rows(store)
+    assert incremental["lesson_stats"] and incremental["lesson_failures"] and incremental["candidate_evidence"]
+
+    assert await rebuild_lessons(store) == reached
+    assert await view_rows(store) == incremental
+    # Once more from zero in one-event pages: still the same rows.
+    await rebuild_lessons(store, page_size=1)
+    assert await view_rows(store) == incremental
+
+
+async def test_a_crash_between_view_and_checkpoint_changes_neither(store: EventStore) -> None:
+    await record_random_search(store, "s1", "softmax", seed=1, generations=1)
+    before_position = await catch_up_lessons(store)
+    await record_random_search(store, "s2", "softmax", seed=2, generations=2)
+    before_rows = await view_rows(store)
+
+    with pytest.raises(RuntimeError, match="crash"):
+        async with store.projection(PROJECTION) as tx:
+            await apply_events(tx, await tx.read(limit=1000))
+            assert tx.checkpoint > before_position
+            raise RuntimeError("crash after the view was written, before the commit")
+
+    assert await checkpoint_of(store.pool, PROJECTION) == before_position
+    assert await view_rows(store) == before_rows
+    # The next catch-up applies the events exactly once.
+    await catch_up_lessons(store)
+    caught_up = await view_rows(store)
+    await rebuild_lessons(store)
+    assert await view_rows(store) == caught_up
+
+
+async def test_lessons_count_what_happened(store: EventStore) -> None:
+    tried = await record_random_search(store, "s1", "softmax", seed=4, generations=5, per_generation=3)
+    lessons = await lessons_for(store, "softmax", TARGET)
+    assert lessons.family == "row-reduction" and lessons.target == TARGET
+    assert lessons.candidates == len(tried)
+    assert lessons.through_position == await store.last_position()
+    params = [c.params for c in tried if c.params]
+    unroll2 = [p for p in params if p["UNROLL"] == 2]
+    if unroll2:
+        stats = next(c for c in lessons.changes if c.change == "UNROLL=2")
+        assert stats.attempts == len(unroll2)
+        assert stats.compiled == sum(p["SIMD"] == 1 for p in unroll2)
+        assert stats.correct == sum(p["SIMD"] == 1 and p["ONLINE"] == 1 for p in unroll2)
+    # The seed (0.5x numpy) is slower than every template: its advantage is below 1, SIMD=1's above.
+    assert lessons.priors["seed"].log_advantage_mean < 0
+    if any(p["SIMD"] == 1 for p in params) and any(p["SIMD"] == 0 for p in params):
+        simd = lessons.priors["SIMD=1"]
+        assert simd.log_advantage_mean > lessons.priors["SIMD=0"].log_advantage_mean
+        assert simd.correct_alpha > 1
+    assert len(lessons.summary.splitlines()) <= SUMMARY_LINES
+    assert "softmax" in lessons.summary
+
+
+async def test_rmsnorm_learns_from_softmax_through_the_family(store: EventStore) -> None:
+    await record_random_search(store, "s1", "softmax", seed=5, generations=4, per_generation=4)
+    lessons = await lessons_for(store, "rmsnorm", TARGET)
+    assert lessons.candidates == 0 and lessons.family_candidates > 0
+    simd = lessons.priors["SIMD=1"]
+    # Family evidence counts half as much as the problem's own.
+    own = (await lessons_for(store, "softmax", TARGET)).priors["SIMD=1"]
+    assert simd.evidence == pytest.approx(own.evidence / 2)
+    assert next(c for c in lessons.changes if c.change == "SIMD=1").scope == "family"
+    assert "other problems of the family" in lessons.summary
+
+
+async def test_summary_stays_bounded_for_a_large_history(store: EventStore) -> None:
+    loaded = load_problem("softmax")
+    search = SyntheticSearch(store, "big", "softmax")
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    events: list[NewEvent] = [*search.start(seed)]
+    events += search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)
+    # 600 candidates of an imagined LLM, each with its own tags: many changes, many failure patterns.
+    for i in range(600):
+        tags = [f"idea-{i % 97}", f"trick-{i % 41}", f"variant-{i}"]
+        candidate = Candidate.create(f"/* {i} */", None, label=f"llm #{i}", proposer="llm", tags=tags)
+        candidate = candidate.model_copy(update={"parent_id": seed.candidate_id})
+        failure = "compile_error" if i % 5 == 0 else "incorrect" if i % 7 == 0 else None
+        speed = 0.4 + (i % 13) / 10
+        events.append(search.proposed(1 + i // 50, candidate))
+        events += search.outcome(1 + i // 50, candidate, failure=failure, speedup=speed, parent_speedup=0.5)
+    for start in range(0, len(events), 400):
+        await store.append(search.stream, events[start : start + 400])
+    lessons = await lessons_for(store, "softmax", TARGET)
+    lines = lessons.summary.splitlines()
+    assert 3 <= len(lines) <= SUMMARY_LINES
+    assert all(len(line) <= 160 for line in lines)
+    assert lessons.candidates == 601
+    assert len(lessons.priors) <= 64 and len(lessons.failures) <= 10
+    assert any("compile failure 'undeclared'" in line for line in lines)
+
+
+async def test_dead_ends_are_named(store: EventStore) -> None:
+    await record_random_search(
+        store,
+        "s1",
+        "softmax",
+        seed=6,
+        generations=5,
+        per_generation=3,
+        failure=lambda p: "compile_error" if p["UNROLL"] == 8 else None,
+    )
+    lessons = await lessons_for(store, "softmax", TARGET)
+    unroll8 = next(c for c in lessons.changes if c.change == "UNROLL=8")
+    if unroll8.attempts >= 3:
+        assert "UNROLL=8" in lessons.dead_ends and lessons.priors["UNROLL=8"].dead_end
+        assert "never compiled" in (unroll8.dead_end or "") and "Dead ends: UNROLL=8" in lessons.summary
+
+
+async def test_evidence_index_finds_an_earlier_search_outcome_and_reuse_is_not_counted_twice(
+    store: EventStore,
+) -> None:
+    tried = await record_random_search(store, "s1", "softmax", seed=7, generations=2, per_generation=2)
+    before = await lessons_for(store, "softmax", TARGET)
+    # A second search on the same target and problem definition.
+    loaded = load_problem("softmax")
+    second = SyntheticSearch(store, "s2", "softmax")
+    seed = tried[0]
+    await store.append(second.stream, second.start(seed))
+    found = await recorded_evidence(store, "s2", seed.candidate_id)
+    assert found is not None and found.compile_verdict == "ok" and found.validation_verdict == "ok"
+    assert found.compile_event_id is not None and found.compile_event_id.startswith("s1/")
+    assert found.reference("compile")["reused_from"]["event_id"] == found.compile_event_id
+    # The second search reuses the seed's outcomes: the same facts, so attempts do not grow.
+    await store.append(
+        second.stream, second.outcome(0, seed, failure=None, speedup=0.52, parent_speedup=None, reused=True)
+    )
+    after = await lessons_for(store, "softmax", TARGET)
+    assert after.candidates == before.candidates
+    seed_before, seed_after = before.priors["seed"], after.priors["seed"]
+    assert seed_after.correct_alpha == seed_before.correct_alpha
+    assert seed_after.log_advantage_n == seed_before.log_advantage_n + 1  # a benchmark is new evidence
+    # Another problem definition (fingerprint) or target finds nothing.
+    other = SyntheticSearch(store, "s3", "softmax", fingerprint="fingerprint-2")
+    await store.append(other.stream, other.start(seed))
+    assert await recorded_evidence(store, "s3", seed.candidate_id) is None
+    assert await recorded_evidence(store, "s2", "0" * 64) is None
+    del loaded
+
+
+async def test_ratio_is_attributed_to_the_changes_a_candidate_introduced(store: EventStore) -> None:
+    loaded = load_problem("softmax")
+    search = SyntheticSearch(store, "s1", "softmax")
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
+    from engine.proposers.random_template import template_candidate
+
+    first = template_candidate(
+        loaded, {"ONLINE": 0, "UNROLL": 4, "SIMD": 0}, None, proposer="t", parent_id=seed.candidate_id
+    )
+    second = template_candidate(
+        loaded, {"ONLINE": 0, "UNROLL": 8, "SIMD": 0}, None, proposer="t", parent_id=first.candidate_id
+    )
+    events += [search.proposed(1, first), *search.outcome(1, first, failure=None, speedup=1.0, parent_speedup=0.5)]
+    events += [search.proposed(2, second), *search.outcome(2, second, failure=None, speedup=1.5, parent_speedup=1.0)]
+    await store.append(search.stream, events)
+    lessons = await lessons_for(store, "softmax", TARGET)
+    by_change = {c.change: c for c in lessons.changes}
+    # The first changed everything relative to the seed; the second only UNROLL.
+    assert by_change["UNROLL=4"].versus_parent == 1 and by_change["ONLINE=0"].versus_parent == 1
+    assert by_change["UNROLL=8"].versus_parent == 1
+    assert by_change["UNROLL=8"].speedup_over_parent == pytest.approx(1.5)
+    assert by_change["UNROLL=4"].speedup_over_parent == pytest.approx(2.0)
+    assert by_change["UNROLL=8"].beats_parent == 1
+    assert math.isclose(lessons.priors["UNROLL=8"].log_ratio_mean, math.log(1.5))
