@@ -89,16 +89,68 @@ class Problem:
     def distributions(self) -> list[str]:
         return list(self.module.DISTRIBUTIONS)
 
-    def tolerance(self, dtype: str) -> tuple[float, float]:
-        """(atol, rtol) for outputs of this dtype."""
-        tol = self.module.TOLERANCES[dtype]
+    def tolerance(
+        self, dtype: str, shape: dict[str, int] | None = None, inputs: dict[str, Any] | None = None
+    ) -> tuple[float, float]:
+        """(atol, rtol) for outputs of this dtype: an output ``y`` passes where
+        ``|y - ref| <= atol + rtol * |ref|`` elementwise (``numpy.isclose``).
+
+        Pass the trial's ``shape`` and ``inputs``: a problem whose rounding error grows with its inputs (a
+        k-long dot product grows with k and with the magnitude of its operands) defines
+        ``tolerance_for(dtype, shape, inputs)`` in its problem.py, and only that gives the right bound for
+        the trial. Without them, or without that function, the fixed ``TOLERANCES[dtype]`` apply.
+        """
+        scaled = getattr(self.module, "tolerance_for", None)
+        if scaled is not None and shape is not None and inputs is not None:
+            tol = scaled(dtype, shape, inputs)
+        else:
+            if dtype not in self.module.TOLERANCES:
+                raise UserError(
+                    f"{self.folder / 'problem.py'} TOLERANCES has no entry for dtype {dtype!r}; add "
+                    f"{{{dtype!r}: {{'atol': ..., 'rtol': ...}}}}"
+                )
+            tol = self.module.TOLERANCES[dtype]
         return float(tol["atol"]), float(tol["rtol"])
 
     def make_inputs(self, shape: dict[str, int], distribution: str, seed: int) -> dict[str, Any]:
-        """Fresh inputs for one trial; the same (shape, distribution, seed) always gives the same arrays."""
+        """Fresh inputs for one trial; the same (shape, distribution, seed) always gives the same arrays.
+
+        Holds every ``in`` and ``inout`` array (C-contiguous, of the declared dtype and shape) and every
+        ``scalar``; a problem.py that returns anything else is reported here, naming what was wrong.
+        """
+        if distribution not in self.distributions:
+            raise UserError(
+                f"problem {self.name!r} has no input distribution {distribution!r}; choose one of {self.distributions}"
+            )
         rng = np.random.default_rng(seed)
         inputs: dict[str, Any] = self.module.make_inputs(shape, distribution, rng)
+        self._check_inputs(inputs, shape, distribution)
         return inputs
+
+    def _check_inputs(self, inputs: dict[str, Any], shape: dict[str, int], distribution: str) -> None:
+        where = f"{self.folder / 'problem.py'} make_inputs({shape}, {distribution!r})"
+        for p in self.params:
+            if p.role in ("out", "size"):
+                continue
+            if p.name not in inputs:
+                raise UserError(f"{where} returned no {p.name!r}; it must return every in/inout/scalar param")
+            value = inputs[p.name]
+            if p.role == "scalar":
+                if np.ndim(value) != 0:
+                    raise UserError(f"{where}: scalar {p.name!r} must be a single number, got {value!r}")
+                continue
+            want = p.dims(shape)
+            if (
+                not isinstance(value, np.ndarray)
+                or value.dtype != np.dtype(DTYPES[p.dtype])
+                or value.shape != want
+                or not value.flags.c_contiguous
+            ):
+                got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+                raise UserError(
+                    f"{where}: {p.name!r} must be a C-contiguous {p.dtype} array of shape {want}, got {got}; "
+                    f"use np.ascontiguousarray(..., dtype=np.{p.dtype})"
+                )
 
     def reference(self, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = self.module.reference(inputs, shape)
@@ -174,8 +226,7 @@ def load_problem(name_or_path: str | Path) -> Problem:
     missing = [n for n in REQUIRED if not hasattr(module, n)]
     if missing:
         raise UserError(
-            f"{folder / 'problem.py'} lacks {missing}; every problem.py defines {list(REQUIRED)} "
-            "(see docs/problems.md)"
+            f"{folder / 'problem.py'} lacks {missing}; every problem.py defines {list(REQUIRED)} (see docs/problems.md)"
         )
     params = tuple(_parse_param(folder, raw) for raw in module.PARAMS)
     return Problem(name=str(module.NAME), folder=folder, module=module, params=params)

@@ -1,0 +1,117 @@
+"""rmsnorm: y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w, per row over cols (w broadcast over rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+NAME = "rmsnorm"
+FAMILY = "row-reduction"
+ENTRY = "rmsnorm"
+SIGNATURE = "void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t cols, float eps)"
+PARAMS: list[dict[str, Any]] = [
+    {"name": "x", "role": "in", "dtype": "float32", "shape": ["rows", "cols"]},
+    {"name": "w", "role": "in", "dtype": "float32", "shape": ["cols"]},
+    {"name": "y", "role": "out", "dtype": "float32", "shape": ["rows", "cols"]},
+    {"name": "rows", "role": "size", "dtype": "int64"},
+    {"name": "cols", "role": "size", "dtype": "int64"},
+    {"name": "eps", "role": "scalar", "dtype": "float32"},
+]
+VALIDATION_SHAPES: list[dict[str, int]] = [
+    {"rows": 1, "cols": 1},
+    {"rows": 1, "cols": 1000},
+    {"rows": 37, "cols": 1},
+    {"rows": 3, "cols": 7},
+    {"rows": 17, "cols": 129},
+    {"rows": 64, "cols": 1023},
+    {"rows": 5, "cols": 4099},
+    {"rows": 128, "cols": 2048},
+]
+# Hidden sizes of language models; a decode step normalises few rows, a prefill many.
+BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
+    ({"rows": 512, "cols": 4096}, 2.0),
+    ({"rows": 2048, "cols": 1024}, 1.0),
+    ({"rows": 64, "cols": 16384}, 1.0),
+    ({"rows": 8192, "cols": 128}, 1.0),
+]
+# A float32 sum of 4099 squares in any order is within ~1e-6 relative; bf16 or half precision (1e-3,
+# 5e-4) and a float32 sum that skips elements are far outside.
+TOLERANCES = {"float32": {"atol": 1e-6, "rtol": 1e-5}}
+DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]
+SEED = "seed.c"
+TEMPLATE = "template.c"
+TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "ACC": [1, 4, 8, 16],
+    "ROWS": [1, 2, 4],
+    "SIMD": [0, 1],
+    "FUSED": [0, 1],
+    "VEC": [256, 512],
+    "NT": [0, 1],
+}
+EPS = 1e-6
+
+
+def template_allows(params: dict[str, Any]) -> bool:
+    """Explicit accumulators (ACC > 1) replace the omp simd reduction, so they exclude SIMD."""
+    return not (params["ACC"] > 1 and params["SIMD"] == 1)
+
+
+def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generator) -> dict[str, Any]:
+    rows, cols = shape["rows"], shape["cols"]
+    w = rng.normal(1.0, 0.5, cols)
+    if distribution == "normal":
+        x = rng.standard_normal((rows, cols))
+    elif distribution == "uniform":
+        x = rng.uniform(-4.0, 4.0, (rows, cols))
+    elif distribution == "large":
+        # Rows of very different scales (1e2 .. 1e6): a kernel must normalise each row by its own norm;
+        # squares reach 1e12, far from float32 overflow but far from 1.
+        x = rng.standard_normal((rows, cols)) * 10.0 ** rng.uniform(2.0, 6.0, (rows, 1))
+    elif distribution == "edge":
+        x = _edge_rows(rows, cols, rng)
+    else:
+        raise ValueError(f"unknown distribution {distribution!r}; expected one of {DISTRIBUTIONS}")
+    return {
+        "x": np.ascontiguousarray(x, dtype=np.float32),
+        "w": np.ascontiguousarray(w, dtype=np.float32),
+        "eps": np.float32(EPS),
+    }
+
+
+def _edge_rows(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows of zeros (eps keeps y = 0 defined), one spike, a constant, tiny values, or normal values."""
+    x = rng.standard_normal((rows, cols))
+    kind = rng.integers(0, 5, rows)
+    for r in range(rows):
+        if kind[r] == 0:
+            x[r] = 0.0
+        elif kind[r] == 1:
+            x[r] = 0.0
+            x[r, rng.integers(0, cols)] = rng.choice([-1e3, 1e3])
+        elif kind[r] == 2:
+            x[r] = rng.choice([-3.0, 0.5, 7.0])
+        elif kind[r] == 3:
+            # mean(x²) ~ 1e-8 is below eps: y depends on eps, and x² is far below float32's 1.0.
+            x[r] *= 1e-4
+    return x
+
+
+def reference(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
+    x = inputs["x"].astype(np.float64)
+    w = inputs["w"].astype(np.float64)
+    eps = float(inputs["eps"])
+    return {"y": x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w}
+
+
+def baseline(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
+    """What a numpy user writes; speedups are quoted against this."""
+    x, w, eps = inputs["x"], inputs["w"], inputs["eps"]
+    return {"y": x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w}
+
+
+def roofline(shape: dict[str, int]) -> dict[str, int]:
+    rows, cols = shape["rows"], shape["cols"]
+    n = rows * cols
+    # Read x and w once, write y once; square and add, then two multiplies per element; sqrt and divide per row.
+    return {"bytes": 4 * (2 * n + cols), "flops": 4 * n + 2 * rows}
