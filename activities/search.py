@@ -13,18 +13,20 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from engine.cpu_backend import compile_source
+from engine.cpu_backend import artifact_path, compile_source
 from engine.errors import UserError
 from engine.evaluation import Reference, benchmark_artifact, validate_artifact
 from engine.events import NewEvent, RecordedEvent
 from engine.eventstore import EventStore
+from engine.evidence_index import recorded_evidence, recorded_payload
 from engine.hardware import cpu_target, hardware_fingerprint
+from engine.lessons import lessons_for
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for
 from engine.search.candidates import Candidate
@@ -101,6 +103,7 @@ class SearchActivities:
                     {
                         "spec": start.spec.model_dump(mode="json"),
                         "problem_fingerprint": output.problem_fingerprint,
+                        "family": problem.family,
                         "seed_candidate_id": seed_id,
                         "resumed_from": start.spec.resume_from,
                         "resumed_seen": len(output.seen),
@@ -123,6 +126,12 @@ class SearchActivities:
             proposer = proposer_for(request.spec.proposer.kind)
         except UserError as error:
             raise non_retryable(error) from None
+        recorded = await self._recorded_proposal(request)
+        if recorded is not None:
+            return recorded
+        # Lessons of every search so far (this one's earlier generations included): priors for the search
+        # proposer, the summary for LLM prompts.
+        lessons = await lessons_for(self.store, request.spec.problem, request.target)
         context = ProposalContext(
             search_id=request.search_id,
             problem=request.spec.problem,
@@ -134,6 +143,8 @@ class SearchActivities:
             seen=request.seen,
             hints=request.spec.hints,
             flags=request.spec.flags,
+            lessons=lessons.model_dump(mode="json"),
+            lessons_summary=lessons.summary,
         )
         candidates = await asyncio.to_thread(proposer.propose, problem, context)
         prefix = f"{request.search_id}/g{request.generation}"
@@ -185,7 +196,7 @@ class SearchActivities:
     async def compile(self, step: StepInput) -> StepOutput:
         """Compile a candidate into a content-addressed artifact, or a structured compile error."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "compiled")
-        recorded = await self._recorded_output(event_id)
+        recorded = await self._recorded_output(event_id) or await self._reuse(step, event_id, "compile")
         if recorded is not None:
             return recorded
         problem = self._problem(step.problem)
@@ -207,7 +218,7 @@ class SearchActivities:
     async def validate(self, step: StepInput) -> StepOutput:
         """Prove a compiled candidate correct on fresh inputs, in the sandbox."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "validated")
-        recorded = await self._recorded_output(event_id)
+        recorded = await self._recorded_output(event_id) or await self._reuse(step, event_id, "validation")
         if recorded is not None:
             return recorded
         problem = self._problem(step.problem)
@@ -318,6 +329,54 @@ class SearchActivities:
         output = StepOutput.model_validate(event.payload["output"])
         return output.model_copy(update={"reused": True})
 
+    async def _recorded_proposal(self, request: ProposeInput) -> list[Candidate] | None:
+        """The candidates a retried proposal already recorded: proposers read lessons (and models) that
+        may have moved on since, and the same event ids must never be sent with other content."""
+        recorded = await recorded_payload(self.store, f"{request.search_id}/g{request.generation}/proposed")
+        if recorded is None:
+            return None
+        ids = [
+            step_event_id(request.search_id, request.generation, cid, "proposed") for cid in recorded["candidate_ids"]
+        ]
+        rows = await self.store.pool.fetch("SELECT event_id, payload FROM events WHERE event_id = ANY($1)", ids)
+        by_id = {row["event_id"]: row["payload"]["candidate"] for row in rows}
+        return [Candidate.model_validate(by_id[i]) for i in ids]
+
+    async def _reuse(self, step: StepInput, event_id: str, kind: Literal["compile", "validation"]) -> StepOutput | None:
+        """The outcome an earlier search recorded for this candidate on this target and problem definition
+        (engine/evidence_index.py), recorded again for this search with ``reused: true`` and a reference to
+        the original event; None when there is nothing to reuse. Only compile and validation are reused:
+        a benchmark is always repeated against the incumbent of the moment."""
+        earlier = await recorded_evidence(self.store, step.search_id, step.candidate.candidate_id)
+        if earlier is None:
+            return None
+        if kind == "compile":
+            verdict, artifact_id = earlier.compile_verdict, earlier.artifact_id
+            original, summary = earlier.compile_event_id, earlier.compile_summary
+            # The artifact left this worker's cache: compile again (the validation is still reused).
+            if verdict == "ok" and not _in_cache(artifact_id):
+                return None
+        else:
+            verdict, artifact_id = earlier.validation_verdict, earlier.validated_artifact_id
+            original, summary = earlier.validation_event_id, earlier.validation_summary
+            if artifact_id != step.artifact_id:  # another build (compiler upgrade): judge it afresh
+                return None
+        if verdict is None or original is None:
+            return None
+        output = StepOutput(
+            step="compile" if kind == "compile" else "validate",
+            verdict=verdict,
+            event_id=event_id,
+            artifact_id=artifact_id,
+            summary=f"{summary} (reused from {original})",
+            reused=True,
+        )
+        body = await recorded_payload(self.store, original)
+        evidence = {**((body or {}).get("evidence") or {}), **earlier.reference(kind)}
+        event_type = "candidate.compiled" if kind == "compile" else "candidate.validated"
+        await self._append_outcome(step, event_id, event_type, output, evidence)
+        return output
+
     def _metadata(self) -> dict[str, Any]:
         metadata: dict[str, Any] = {"worker": self.identity}
         if activity.in_activity():
@@ -357,3 +416,11 @@ class SearchActivities:
         )
         event.metadata["hardware"] = self.hardware()
         await self._append_events(step.search_id, [event])
+
+
+def _in_cache(artifact_id: str | None) -> bool:
+    """True when this worker's artifact cache holds the compiled library."""
+    try:
+        return artifact_id is not None and artifact_path(artifact_id).is_file()
+    except ValueError:  # not an artifact id of this backend
+        return False

@@ -95,3 +95,11 @@ async def recorded_evidence(
         candidate_id,
     )
     return None if row is None else RecordedEvidence(**dict(row))
+
+
+async def recorded_payload(store: EventStore, event_id: str) -> dict[str, Any] | None:
+    """The payload of the event stored under ``event_id``, or None (one indexed lookup)."""
+    payload: dict[str, Any] | None = await store.pool.fetchval(
+        "SELECT payload FROM events WHERE event_id = $1", event_id
+    )
+    return payload

@@ -212,3 +212,31 @@ async def test_ratio_is_attributed_to_the_changes_a_candidate_introduced(store: 
     assert by_change["UNROLL=4"].speedup_over_parent == pytest.approx(2.0)
     assert by_change["UNROLL=8"].beats_parent == 1
     assert math.isclose(lessons.priors["UNROLL=8"].log_ratio_mean, math.log(1.5))
+
+
+async def test_kf_lessons_prints_summaries_and_json(
+    store: EventStore, fresh_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import asyncio
+    import json
+
+    from engine.cli import lessons as cli
+
+    parser = argparse.ArgumentParser(prog="kf")
+    cli.register(parser.add_subparsers())
+    await record_random_search(store, "s1", "softmax", seed=8, generations=2)
+    await record_random_search(store, "s2", "rmsnorm", seed=8, generations=2, failure=lambda p: None)
+
+    def kf(*argv: str) -> int:
+        args = parser.parse_args(["lessons", "--database-url", fresh_db_url, *argv])
+        return int(args.handler(args))
+
+    assert await asyncio.to_thread(kf) == 0
+    text = capsys.readouterr().out
+    assert "Lessons for rmsnorm" in text and "Lessons for softmax" in text
+    assert await asyncio.to_thread(kf, "--problem", "softmax", "--target", TARGET, "--json") == 0
+    [only] = json.loads(capsys.readouterr().out)["lessons"]
+    assert only["problem"] == "softmax" and only["target"] == TARGET and only["priors"]
+    assert await asyncio.to_thread(kf, "--problem", "matmul", "--target", TARGET) == 0
+    assert "No lessons yet for matmul" in capsys.readouterr().out

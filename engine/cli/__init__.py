@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "engine.cli.evaluate",
     "engine.cli.worker",
     "engine.cli.search",
+    "engine.cli.lessons",
     "engine.cli.demo",
 ]
 
