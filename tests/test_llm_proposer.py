@@ -20,10 +20,12 @@ from engine.events import RecordedEvent
 from engine.llm_budget import BudgetExhausted, LLMBudget
 from engine.problems import Problem, load_problem
 from engine.proposers import (
+    LLMCall,
     LLMProposer,
     MixedProposer,
     ProposalBatch,
     ProposalContext,
+    ProposalFailure,
     propose_batch,
     proposer_for,
 )
@@ -508,22 +510,23 @@ def test_the_mixed_proposer_splits_a_generation_between_llm_roles_and_the_offlin
     assert isinstance(propose_batch(proposer_for("random"), softmax, context_for(softmax)), ProposalBatch)
 
 
-def test_recent_failures_are_read_from_the_event_log() -> None:
-    def event(position: int, kind: str, payload: dict[str, Any]) -> RecordedEvent:
-        return RecordedEvent.model_construct(
-            position=position,
-            event_id=f"e{position}",
-            stream_id="search-s",
-            stream_version=position,
-            type=kind,
-            schema_version=1,
-            payload=payload,
-            metadata={},
-            recorded_at=datetime.now(UTC),
-            prev_hash="0" * 64,
-            hash="0" * 64,
-        )
+def event(position: int, kind: str, payload: dict[str, Any]) -> RecordedEvent:
+    return RecordedEvent.model_construct(
+        position=position,
+        event_id=f"e{position}",
+        stream_id="search-s",
+        stream_version=position,
+        type=kind,
+        schema_version=1,
+        payload=payload,
+        metadata={},
+        recorded_at=datetime.now(UTC),
+        prev_hash="0" * 64,
+        hash="0" * 64,
+    )
 
+
+def test_recent_failures_are_read_from_the_event_log() -> None:
     proposed = {"candidate_id": "a" * 64, "source": "int broken;", "label": "llm tuner"}
     events = [
         event(1, "candidate.proposed", {"generation": 1, "candidate": proposed}),
@@ -598,3 +601,24 @@ def test_the_candidate_process_environment_holds_no_api_key(
     report = validate_artifact(softmax, compiled.artifact_id, base_seed=1, threads=1)
     # The probe aborts (a crash verdict) if either key is visible to it.
     assert report.verdict == "ok", report.message
+
+
+def test_a_rounds_outcome_events_feed_the_next_rounds_fixer() -> None:
+    batch = ProposalBatch(
+        failures=[ProposalFailure(reason="forbidden_call", message="calls system()", role="tuner", model=MODEL)],
+        calls=[LLMCall(model=MODEL, role="tuner", status="ok", attempts=1, cost_usd=0.02, cost_known=True)],
+    )
+    records = batch.outcome_events("s", 3)
+    assert [(i, t) for i, t, _ in records] == [
+        ("s/g3/proposal-failed/0", "proposal.failed"),
+        ("s/g3/llm-call/0", "llm.called"),
+    ]
+    events = [event(n, kind, payload) for n, (_, kind, payload) in enumerate(records, start=1)]
+    [failure] = recent_failures_from_events(events)
+    assert (failure.stage, failure.verdict, failure.message, failure.label) == (
+        "proposal",
+        "forbidden_call",
+        "calls system()",
+        f"llm tuner {MODEL}",
+    )
+    assert batch.spent_usd == pytest.approx(0.02)

@@ -166,7 +166,7 @@ def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> 
                     str(payload.get("reason", "rejected")),
                     str(payload.get("message", "")),
                     str(payload.get("reply_excerpt", "")),
-                    label=f"llm {payload.get('role', '')} {payload.get('model', '')}".strip(),
+                    label=str(payload.get("label") or f"llm {payload.get('role', '')} {payload.get('model', '')}"),
                     generation=payload.get("generation"),
                 )
             )

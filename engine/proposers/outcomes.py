@@ -7,7 +7,7 @@ activity records each ``ProposalFailure`` as a `proposal.failed` event and each 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -107,6 +107,22 @@ class ProposalBatch(BaseModel):
     def spent_usd(self) -> float:
         """What this round's LLM calls cost, to add to the search's spend."""
         return sum(c.cost_usd for c in self.calls)
+
+    def outcome_events(self, search_id: str, generation: int) -> list[tuple[str, str, dict[str, Any]]]:
+        """(event id, type, payload) of every `proposal.failed` and `llm.called` event of this round.
+
+        Append them in the same batch as the round's `generation.proposed`: a retried propose activity then
+        finds the whole round recorded and never calls the models (or spends) twice."""
+        prefix = f"{search_id}/g{generation}"
+        records = [
+            (f"{prefix}/proposal-failed/{i}", "proposal.failed", f.model_dump(mode="json") | {"label": f.label})
+            for i, f in enumerate(self.failures)
+        ]
+        records += [
+            (f"{prefix}/llm-call/{i}", "llm.called", c.model_dump(mode="json") | {"generation": generation})
+            for i, c in enumerate(self.calls)
+        ]
+        return records
 
 
 def propose_batch(proposer: Proposer, problem: Problem, context: ProposalContext) -> ProposalBatch:
