@@ -391,12 +391,26 @@ def test_attempts_are_bounded_and_a_failed_call_is_an_outcome(softmax: Problem, 
     assert len(server.requests) == 4
 
 
-def test_a_timeout_is_retried(softmax: Problem, server: ScriptedLLMServer) -> None:
-    server.script(slow(chat(reply_with(GOOD_SOFTMAX)), 3.0), chat(reply_with(GOOD_SOFTMAX)))
-    batch = LLMProposer(settings_for(server, timeout_s=0.5)).propose_with_outcomes(softmax, context_for(softmax))
+def test_a_timeout_is_retried_and_counted_at_its_worst_case(softmax: Problem, server: ScriptedLLMServer) -> None:
+    server.script(slow(chat(reply_with(GOOD_SOFTMAX)), 3.0), chat(reply_with(GOOD_SOFTMAX), completion_tokens=50))
+    # $1000 per million output tokens, 1000 max tokens: each attempt reserves $1.00.
+    priced = {MODEL: ModelConfig(input_usd_per_mtok=0.0, output_usd_per_mtok=1000.0)}
+    settings = settings_for(server, timeout_s=0.5, max_tokens=1000, model_configs=priced)
+    batch = LLMProposer(settings).propose_with_outcomes(softmax, context_for(softmax, llm_budget_usd=10.0))
     [call] = batch.calls
     assert (call.status, call.attempts) == ("ok", 2)
     assert len(batch.candidates) == 1
+    # The abandoned request may still be billed: it counts at its worst case, the answered one at its usage.
+    assert call.cost_usd == pytest.approx(1.0 + 0.05)
+
+    # When the retry no longer fits the budget, it is not sent.
+    server.script(slow(chat(reply_with(GOOD_SOFTMAX)), 3.0), chat(reply_with(GOOD_SOFTMAX)))
+    batch = LLMProposer(settings).propose_with_outcomes(softmax, context_for(softmax, llm_budget_usd=1.5))
+    [call] = batch.calls
+    assert (call.status, call.attempts, call.cost_usd) == ("budget_exhausted", 1, pytest.approx(1.0))
+    assert batch.budget_exhausted and batch.candidates == []
+    assert [f.reason for f in batch.failures] == ["call_failed"]
+    assert server.pending == 1
 
 
 def test_the_budget_stops_proposals_before_it_is_exceeded(softmax: Problem, server: ScriptedLLMServer) -> None:
