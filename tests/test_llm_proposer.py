@@ -26,6 +26,7 @@ from engine.proposers import (
     ProposalBatch,
     ProposalContext,
     ProposalFailure,
+    SearchProposer,
     propose_batch,
     proposer_for,
 )
@@ -511,14 +512,16 @@ def test_the_mixed_proposer_splits_a_generation_between_llm_roles_and_the_offlin
 ) -> None:
     failure = RecentFailure(stage="compile", verdict="compile_error", message="error: 'q' undeclared", candidate_id="f")
     server.script(chat(reply_with(GOOD_SOFTMAX)), chat("no code, sorry"))
-    mixed = MixedProposer(LLMProposer(settings_for(server)), proposer_for("random"))
+    mixed = proposer_for("mixed", models=[MODEL])
+    assert isinstance(mixed, MixedProposer) and isinstance(mixed.offline, SearchProposer)
+    mixed.llm = LLMProposer(settings_for(server))
     batch = mixed.propose_with_outcomes(softmax, context_for(softmax, count=4, recent_failures=[failure]))
     roles = [c.role for c in batch.calls]
     assert roles == ["fixer", "explorer"]
     # One LLM reply was rejected: the offline proposer fills the generation to its count.
     assert len(batch.candidates) == 4
     assert [c.proposer for c in batch.candidates].count(f"llm:fixer:{MODEL}") == 1
-    assert [c.proposer for c in batch.candidates].count("random") == 3
+    assert [c.proposer for c in batch.candidates].count("search") == 3
     assert len({c.candidate_id for c in batch.candidates}) == 4
     assert [f.reason for f in batch.failures] == ["no_code"]
     assert isinstance(propose_batch(proposer_for("random"), softmax, context_for(softmax)), ProposalBatch)

@@ -1,7 +1,7 @@
 """The mixed proposer: a swarm in which LLM roles and an offline proposer share one generation.
 
 The LLMs are asked for half the count (rounded up): fixers when there are recent failures, else explorers
-and tuners. The offline proposer (the search proposer, or random sampling where it is not available) fills
+and tuners. The offline proposer (the search proposer, as `proposer_for("mixed")` builds it) fills
 the rest, and also whatever the LLMs did not deliver — a rejected reply, a failed call or an exhausted
 budget never leaves a generation short.
 """
