@@ -39,6 +39,10 @@
 /* Sum of squares of one row; when FUSED, also writes x * w to yr. */
 static inline float sum_squares(const float *restrict xr, const float *restrict w, float *restrict yr,
                                 int64_t cols) {
+#if !FUSED
+    (void)w;
+    (void)yr;
+#endif
 #if ACC == 1
     float ss = 0.0f;
     KF_SIMD_SUM

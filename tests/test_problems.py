@@ -1,0 +1,269 @@
+"""The built-in problem suite and the problem-folder format (docs/problems.md).
+
+Fast and sandbox-free: these tests check the problems' Python side (inputs, reference, baseline,
+tolerances, roofline, templates as text). That the seeds and templates compile and pass validation is the
+harness's business and is tested with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.errors import UnknownProblemError, UserError
+from engine.problems import Problem, builtin_problems, load_problem
+
+SUITE = ["bias_gelu", "kda", "matmul", "rmsnorm", "softmax"]
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "problems.md"
+
+
+@pytest.fixture(scope="module", params=SUITE)
+def problem(request: pytest.FixtureRequest) -> Problem:
+    return load_problem(request.param)
+
+
+def _worst_ratio(
+    problem: Problem,
+    got: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+    shape: dict[str, int],
+    inputs: dict[str, Any],
+) -> float:
+    """max |got − ref| / (atol + rtol·|ref|) over every output: ≤ 1 passes, NaN counts as a failure."""
+    worst = 0.0
+    for p in problem.outputs:
+        atol, rtol = problem.tolerance(p.dtype, shape, inputs)
+        diff = np.abs(np.asarray(got[p.name], dtype=np.float64) - ref[p.name])
+        ratio = diff / (atol + rtol * np.abs(ref[p.name]))
+        worst = max(worst, float(np.nan_to_num(ratio, nan=np.inf).max(initial=0.0)))
+    return worst
+
+
+def test_every_builtin_problem_loads() -> None:
+    assert set(SUITE) <= set(builtin_problems())
+    for name in SUITE:
+        problem = load_problem(name)
+        assert problem.name == name and problem.entry == name
+        assert re.match(rf"void {name}\(", problem.signature)
+        assert problem.template_source() is not None and problem.seed_source().strip()
+        assert f" {name}(" in problem.seed_source()
+        assert set(problem.distributions) >= {"normal", "uniform", "large", "edge"}
+
+
+def test_params_match_signature(problem: Problem) -> None:
+    """PARAMS is the ABI: same names, same order as the C prototype, and arrays sized by size params."""
+    names = re.findall(r"(\w+)\s*(?:,|\))", problem.signature)
+    assert names == [p.name for p in problem.params]
+    sizes = {p.name for p in problem.params if p.role == "size"}
+    for p in problem.params:
+        assert set(p.shape) <= sizes
+    for shape in problem.validation_shapes + [s for s, _ in problem.benchmark_shapes]:
+        assert set(shape) == sizes
+
+
+def test_baseline_agrees_with_reference_within_tolerance(problem: Problem) -> None:
+    """Guards the tolerances from below: what a numpy user writes in float32 must pass them everywhere."""
+    for shape in problem.validation_shapes:
+        for distribution in problem.distributions:
+            for seed in (0, 1):
+                inputs = problem.make_inputs(shape, distribution, seed)
+                ref = problem.reference(inputs, shape)
+                got = problem.baseline(inputs, shape)
+                for p in problem.outputs:
+                    assert got[p.name].dtype == np.dtype(p.dtype)
+                    assert ref[p.name].shape == p.dims(shape) == got[p.name].shape
+                    assert np.isfinite(ref[p.name]).all(), (shape, distribution, p.name)
+                worst = _worst_ratio(problem, got, ref, shape, inputs)
+                assert worst <= 1.0, f"baseline off by {worst:.3g}x the tolerance on {shape} {distribution} seed {seed}"
+
+
+def test_half_precision_fails_the_tolerance(problem: Problem) -> None:
+    """Guards the tolerances from above: the baseline's answer rounded to half precision must fail."""
+    failed = 0
+    for shape in problem.validation_shapes:
+        inputs = problem.make_inputs(shape, "normal", 0)
+        ref = problem.reference(inputs, shape)
+        half = {k: v.astype(np.float16).astype(np.float32) for k, v in problem.baseline(inputs, shape).items()}
+        failed += _worst_ratio(problem, half, ref, shape, inputs) > 1.0
+    assert failed >= len(problem.validation_shapes) // 2
+
+
+def test_make_inputs_is_deterministic_per_seed(problem: Problem) -> None:
+    shape = problem.validation_shapes[-1]
+    for distribution in problem.distributions:
+        first = problem.make_inputs(shape, distribution, 7)
+        again = problem.make_inputs(shape, distribution, 7)
+        other = problem.make_inputs(shape, distribution, 8)
+        assert first.keys() == again.keys()
+        for name in first:
+            np.testing.assert_array_equal(first[name], again[name])
+        arrays = [n for n in first if np.ndim(first[n]) > 0]
+        assert any(not np.array_equal(first[n], other[n]) for n in arrays)
+
+
+def test_inputs_are_finite_and_of_the_declared_dtypes(problem: Problem) -> None:
+    for shape in problem.validation_shapes:
+        for distribution in problem.distributions:
+            inputs = problem.make_inputs(shape, distribution, 3)
+            for p in problem.params:
+                if p.role in ("in", "inout", "scalar"):
+                    value = np.asarray(inputs[p.name])
+                    assert value.dtype == np.dtype(p.dtype), (p.name, value.dtype)
+                    assert np.isfinite(value).all(), (p.name, shape, distribution)
+
+
+def test_kda_inputs_are_as_models_feed_them() -> None:
+    kda = load_problem("kda")
+    for shape in kda.validation_shapes:
+        for distribution in kda.distributions:
+            inputs = kda.make_inputs(shape, distribution, 5)
+            norms = np.linalg.norm(inputs["k"].astype(np.float64), axis=-1)
+            np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+            assert (inputs["g"] <= 0).all()
+            assert ((inputs["beta"] > 0) & (inputs["beta"] < 1)).all()
+
+
+def test_kda_edge_inputs_reach_the_extremes() -> None:
+    kda = load_problem("kda")
+    inputs = kda.make_inputs({"T": 64, "H": 4, "DK": 16, "DV": 8}, "edge", 0)
+    assert inputs["g"].max() > -1e-6 and inputs["g"].min() < -50
+    assert inputs["beta"].min() < 1e-5 and inputs["beta"].max() > 1 - 1e-5
+
+
+def test_rmsnorm_eps_is_a_float32_scalar_and_keeps_zero_rows_defined() -> None:
+    rmsnorm = load_problem("rmsnorm")
+    assert [p.name for p in rmsnorm.params if p.role == "scalar"] == ["eps"]
+    shape = {"rows": 64, "cols": 33}
+    inputs = rmsnorm.make_inputs(shape, "edge", 0)
+    assert isinstance(inputs["eps"], np.float32) and inputs["eps"] > 0
+    zero_rows = ~inputs["x"].any(axis=1)
+    assert zero_rows.any()
+    y = rmsnorm.reference(inputs, shape)["y"]
+    assert (y[zero_rows] == 0).all() and np.isfinite(y).all()
+
+
+def test_bias_gelu_reference_erfc_is_float64_accurate() -> None:
+    """The reference's erfc (problem.py's _erfc64) against math.erfc: the accuracy docs/problems.md states."""
+    module = load_problem("bias_gelu").module
+    u = np.concatenate([np.linspace(-6.0, 26.0, 20001), np.geomspace(1e-12, 6.0, 500), -np.geomspace(1e-12, 6.0, 500)])
+    exact = np.array([math.erfc(v) for v in u])
+    got = module._erfc64(u)
+    assert np.max(np.abs(got - exact) / exact) < 1e-12
+    assert module._erfc64(np.array([np.inf, -np.inf, 1e300])).tolist() == [0.0, 2.0, 0.0]
+
+
+def test_bias_gelu_rejects_the_tanh_approximation() -> None:
+    """The problem is the exact erf GELU: the cheaper tanh form must fail the tolerance."""
+    problem = load_problem("bias_gelu")
+    shape = {"rows": 17, "cols": 129}
+    inputs = problem.make_inputs(shape, "normal", 0)
+    z = (inputs["x"] + inputs["b"]).astype(np.float64)
+    tanh_form = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    assert _worst_ratio(problem, {"y": tanh_form}, problem.reference(inputs, shape), shape, inputs) > 1
+
+
+def test_tolerance_grows_with_the_inputs_where_the_problem_says_so() -> None:
+    matmul = load_problem("matmul")
+    small, large = {"m": 4, "n": 4, "k": 16}, {"m": 4, "n": 4, "k": 1024}
+    atol_small, rtol = matmul.tolerance("float32", small, matmul.make_inputs(small, "normal", 0))
+    atol_large, _ = matmul.tolerance("float32", large, matmul.make_inputs(large, "normal", 0))
+    atol_big_values, _ = matmul.tolerance("float32", large, matmul.make_inputs(large, "large", 0))
+    assert atol_small < atol_large < atol_big_values
+    assert matmul.tolerance("float32") == (1e-5, rtol)  # without the trial: the fixed TOLERANCES
+
+
+def test_dropping_one_term_of_a_dot_product_fails() -> None:
+    matmul = load_problem("matmul")
+    shape = {"m": 17, "n": 33, "k": 129}
+    inputs = matmul.make_inputs(shape, "normal", 0)
+    partial = inputs["a"][:, 1:].astype(np.float64) @ inputs["b"][1:, :]
+    assert _worst_ratio(matmul, {"c": partial}, matmul.reference(inputs, shape), shape, inputs) > 1
+
+
+def test_every_allowed_template_combination_renders(problem: Problem) -> None:
+    names = sorted(problem.template_params)
+    assert names, "every built-in problem has a tunable template"
+    allowed = 0
+    for values in itertools.product(*(problem.template_params[n] for n in names)):
+        params = dict(zip(names, values, strict=True))
+        if not problem.template_allows(params):
+            continue
+        allowed += 1
+        source = problem.render_template(params)
+        assert "{{" not in source and "}}" not in source
+        assert f" {problem.entry}(" in source
+    assert allowed >= 2
+
+
+def test_template_placeholders_are_exactly_the_template_params(problem: Problem) -> None:
+    source = problem.template_source() or ""
+    assert set(re.findall(r"\{\{([A-Z_][A-Z0-9_]*)\}\}", source)) == set(problem.template_params)
+
+
+def test_roofline_is_positive_ints(problem: Problem) -> None:
+    for shape in problem.validation_shapes + [s for s, _ in problem.benchmark_shapes]:
+        model = problem.roofline(shape)
+        assert set(model) >= {"bytes", "flops"}
+        for key in ("bytes", "flops"):
+            assert isinstance(model[key], int) and model[key] > 0, (shape, key, model[key])
+
+
+def test_benchmark_weights_are_positive(problem: Problem) -> None:
+    shapes = problem.benchmark_shapes
+    assert len(shapes) >= 2 and all(weight > 0 for _, weight in shapes)
+
+
+def test_make_inputs_names_an_unknown_distribution(problem: Problem) -> None:
+    with pytest.raises(UserError, match="choose one of"):
+        problem.make_inputs(problem.validation_shapes[0], "bimodal", 0)
+
+
+def test_unknown_problem_is_a_clear_error() -> None:
+    with pytest.raises(UnknownProblemError, match="not one of the built-in problems"):
+        load_problem("no-such-problem")
+
+
+def _docs_example(folder: Path) -> Path:
+    """Write the complete example of docs/problems.md into ``folder``."""
+    text = DOCS.read_text()
+    blocks = re.findall(r"<!-- example: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S)
+    assert {name for name, _ in blocks} == {"problem.py", "seed.c", "template.c"}
+    folder.mkdir()
+    for name, body in blocks:
+        (folder / name).write_text(body)
+    return folder
+
+
+def test_docs_example_is_a_working_problem_folder(tmp_path: Path) -> None:
+    problem = load_problem(_docs_example(tmp_path / "scale"))
+    assert problem.name == "scale" and [p.role for p in problem.params] == ["in", "out", "size", "scalar"]
+    for shape in problem.validation_shapes:
+        for distribution in problem.distributions:
+            inputs = problem.make_inputs(shape, distribution, 0)
+            ref = problem.reference(inputs, shape)
+            assert _worst_ratio(problem, problem.baseline(inputs, shape), ref, shape, inputs) <= 1
+    assert "#define UNROLL 4" in problem.render_template({"UNROLL": 4, "SIMD": 0})
+    assert load_problem(tmp_path / "scale" / "problem.py").folder == problem.folder
+
+
+def test_inputs_of_the_wrong_shape_name_the_parameter_and_the_fix(tmp_path: Path) -> None:
+    folder = _docs_example(tmp_path / "scale")
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(source.replace("x.astype(np.float32)", "x.astype(np.float64)"))
+    problem = load_problem(folder)
+    with pytest.raises(UserError, match=r"'x' must be a C-contiguous float32 array of shape \(7,\), got float64"):
+        problem.make_inputs({"n": 7}, "normal", 0)
+
+
+def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
+    folder = _docs_example(tmp_path / "scale")
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(source.replace(', "alpha": np.float32(rng.uniform(0.5, 2.0))', ""))
+    with pytest.raises(UserError, match="returned no 'alpha'"):
+        load_problem(folder).make_inputs({"n": 7}, "normal", 0)
