@@ -1,0 +1,341 @@
+"""The CPU backend: compile a candidate's C source into a shared library, content-addressed and cached.
+
+The system C compiler runs in the sandbox (a source can ``#include`` any file it can read, and a
+compiler can be made to loop), with allow-listed flags only. The artifact id is the hash of everything
+that determines the binary: source, flags, compiler version, CPU target, the problem's entry point and
+signature, and the harness's fixed flags. A failure is a :class:`~engine.verdicts.CompileResult` with a
+category and the compiler's first error, never an exception: a failing candidate is data.
+
+Two checks catch an entry point that would link but misbehave:
+
+- the problem's ``SIGNATURE`` is appended to the source as a declaration, so a definition with other
+  parameter types or another parameter count fails with ``conflicting types`` (``wrong_signature``);
+- the library's dynamic symbol table must define the entry as an exported function (``missing_entry``).
+
+What the compiler cannot see -- a kernel that reads arguments its prototype does not declare through
+inline assembly, say -- is caught by validation as a wrong answer or a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine import config
+from engine.hardware import c_compiler, compiler_version, cpu_target
+from engine.problems import Problem
+from engine.sandbox import Sandbox, SandboxLimits
+from engine.verdicts import CompileResult, Verdict
+
+# Bumped when the harness changes how it builds or calls artifacts: old cache entries then miss.
+HARNESS_ABI = "kf-cpu-1"
+DEFAULT_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
+# Always added. `--no-undefined` turns a call to a function that does not exist into a link error (a
+# shared library may otherwise leave it for load time); the -Werror ones turn silent miscompilations
+# (a math function used without its header returns int) into errors.
+FORCED_FLAGS = [
+    "-shared",
+    "-fPIC",
+    "-Wl,--no-undefined",
+    "-Werror=implicit-function-declaration",
+    "-Werror=implicit-int",
+    "-Werror=incompatible-pointer-types",
+    "-Werror=int-conversion",
+]
+ALLOWED_FLAGS = frozenset(
+    {
+        *(f"-O{level}" for level in ("0", "1", "2", "3", "s", "fast")),
+        "-march=native",
+        "-mtune=native",
+        "-mcpu=native",
+        "-march=x86-64-v2",
+        "-march=x86-64-v3",
+        "-march=x86-64-v4",
+        "-ffast-math",
+        "-fno-fast-math",
+        "-funroll-loops",
+        "-funroll-all-loops",
+        "-fno-unroll-loops",
+        "-fopenmp",
+        "-fopenmp-simd",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-ffinite-math-only",
+        "-fno-signed-zeros",
+        "-fassociative-math",
+        "-freciprocal-math",
+        "-fstrict-aliasing",
+        "-fno-strict-aliasing",
+        "-fomit-frame-pointer",
+        "-ftree-vectorize",
+        "-fno-tree-vectorize",
+        "-fprefetch-loop-arrays",
+        "-fpeel-loops",
+        "-fipa-pta",
+        "-ffp-contract=fast",
+        "-ffp-contract=on",
+        "-ffp-contract=off",
+        "-fvect-cost-model=unlimited",
+        "-fvect-cost-model=dynamic",
+        "-fvect-cost-model=cheap",
+        "-mprefer-vector-width=128",
+        "-mprefer-vector-width=256",
+        "-mprefer-vector-width=512",
+        "-mavx",
+        "-mavx2",
+        "-mfma",
+        "-mf16c",
+        "-mbmi",
+        "-mbmi2",
+        "-mavx512f",
+        "-mavx512vl",
+        "-mavx512bw",
+        "-mavx512dq",
+        "-mavx512cd",
+        "-mavx512bf16",
+        "-mavx512vnni",
+        "-mno-avx512f",
+        *(f"-std={std}" for std in ("c99", "c11", "c17", "gnu99", "gnu11", "gnu17")),
+        "-w",
+        "-Wall",
+        "-Wextra",
+        "-g",
+        "-g0",
+    }
+)
+# -DNAME or -DNAME=VALUE with a plain value: template parameters can come in as macros.
+_DEFINE = re.compile(r"^-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+\-]*)?$")
+LOG_LIMIT = 8192
+COMPILE_LIMITS = SandboxLimits(
+    wall_seconds=120, cpu_seconds=120, address_space_bytes=8 << 30, file_size_bytes=256 << 20, processes=32
+)
+_QUOTE = "['‘’`\"]"
+
+
+def artifact_path(artifact_id: str, cache_dir: Path | None = None) -> Path:
+    """Where the shared library of ``artifact_id`` lives (it may not exist: compile it first)."""
+    if not re.fullmatch(r"[0-9a-f]{64}", artifact_id):
+        raise ValueError(f"artifact id {artifact_id!r} is not a sha256 hex digest")
+    return (cache_dir or config.cache_dir()) / "artifacts" / artifact_id / "kernel.so"
+
+
+def normalize_flags(flags: Sequence[str] | str | None) -> list[str]:
+    """The candidate's flags as a list (a single string is split like a shell would); None: defaults."""
+    if flags is None:
+        return list(DEFAULT_FLAGS)
+    if isinstance(flags, str):
+        return shlex.split(flags)
+    return [str(f) for f in flags]
+
+
+def disallowed_flags(flags: Sequence[str]) -> list[str]:
+    """The flags not in the allow-list (output paths, include or library paths, plugins, linker options…)."""
+    return [f for f in flags if f not in ALLOWED_FLAGS and not _DEFINE.match(f)]
+
+
+def _artifact_id(problem: Problem, source: str, flags: list[str]) -> str:
+    identity = {
+        "abi": HARNESS_ABI,
+        "source": source,
+        "flags": flags,
+        "forced": FORCED_FLAGS,
+        "compiler": compiler_version(),
+        "target": cpu_target(),
+        "entry": problem.entry,
+        "signature": problem.signature,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _with_signature_check(problem: Problem, source: str) -> str:
+    # Appended, not prepended: line numbers in the candidate's errors stay its own.
+    return (
+        f"{source}\n\n/* appended by the harness: the entry point must match the problem's C ABI */\n"
+        f"#include <stdint.h>\n{problem.signature};\n"
+    )
+
+
+def compile_source(
+    problem: Problem,
+    source: str,
+    flags: Sequence[str] | str | None = None,
+    *,
+    cache_dir: Path | None = None,
+) -> CompileResult:
+    """Compile ``source`` for ``problem`` into a cached shared library; see the module docstring."""
+    flag_list = normalize_flags(flags)
+    cache = cache_dir or config.cache_dir()
+    artifact_id = _artifact_id(problem, source, flag_list)
+    base = CompileResult(
+        verdict=Verdict.compile_error, flags=flag_list, compiler=compiler_version(), target=cpu_target()
+    )
+    bad = disallowed_flags(flag_list)
+    if bad:
+        return base.model_copy(
+            update={
+                "error_category": "disallowed_flag",
+                "first_error": (
+                    f"flag(s) {bad} are not allowed; use optimisation and code-generation flags such as "
+                    f"{DEFAULT_FLAGS} or -DNAME=VALUE (see engine.cpu_backend.ALLOWED_FLAGS)"
+                ),
+            }
+        )
+    done = cache / "artifacts" / artifact_id / "compile.json"
+    failed = cache / "compile-errors" / f"{artifact_id}.json"
+    for record in (done, failed):
+        if record.is_file() and (record == failed or artifact_path(artifact_id, cache).is_file()):
+            stored = CompileResult.model_validate_json(record.read_text())
+            return stored.model_copy(update={"cached": True, "seconds": 0.0})
+    started = time.perf_counter()
+    result = _compile(problem, source, flag_list, artifact_id, cache, base)
+    result = result.model_copy(update={"seconds": time.perf_counter() - started})
+    record = done if result.verdict == Verdict.ok else failed
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    tmp.write_text(result.model_dump_json())
+    os.replace(tmp, record)
+    return result
+
+
+def _compile(
+    problem: Problem, source: str, flags: list[str], artifact_id: str, cache: Path, base: CompileResult
+) -> CompileResult:
+    compiler = shutil.which(c_compiler())
+    if compiler is None:
+        return base.model_copy(
+            update={
+                "error_category": "no_compiler",
+                "first_error": f"C compiler {c_compiler()!r} not found; install gcc or clang, or set CC",
+            }
+        )
+    # The compiler needs no Python: it can run as `nobody` even where the interpreter is unreadable to it.
+    with Sandbox(unprivileged=True) as sandbox:
+        (sandbox.dir / "kernel.c").write_text(_with_signature_check(problem, source))
+        outcome = sandbox.run([compiler, *flags, *FORCED_FLAGS, "-o", "kernel.so", "kernel.c", "-lm"], COMPILE_LIMITS)
+        log = outcome.output_tail.replace(str(sandbox.dir) + "/", "")
+        if outcome.killed:
+            return base.model_copy(
+                update={
+                    "error_category": "timeout",
+                    "first_error": f"compilation stopped: {outcome.killed}",
+                    "log": log[-LOG_LIMIT:],
+                }
+            )
+        if outcome.exit_code != 0:
+            category, first = categorize(log, problem)
+            if outcome.signal is not None or outcome.setup_error:
+                category = "compiler_crash"
+                first = outcome.setup_error or f"the compiler died from signal {outcome.signal}"
+            return base.model_copy(update={"error_category": category, "first_error": first, "log": log[-LOG_LIMIT:]})
+        library = sandbox.dir / "kernel.so"
+        exported = _exported_functions(library)
+        if problem.entry not in exported:
+            local = problem.entry in _defined_symbols(library)
+            why = (
+                f"defines {problem.entry!r} but does not export it; remove `static` (and any visibility attribute)"
+                if local
+                else f"does not define {problem.entry!r}; it defines {sorted(exported)[:10] or 'no functions'}"
+            )
+            return base.model_copy(
+                update={
+                    "error_category": "missing_entry",
+                    "first_error": f"the library {why}; the entry point must be `{problem.signature}`",
+                    "log": log[-LOG_LIMIT:],
+                }
+            )
+        final = artifact_path(artifact_id, cache)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".kernel.so.{os.getpid()}")
+        shutil.copyfile(library, tmp)
+        os.replace(tmp, final)
+        (final.parent / "kernel.c").write_text(source)
+    return base.model_copy(update={"verdict": Verdict.ok, "artifact_id": artifact_id, "log": log[-LOG_LIMIT:]})
+
+
+SHIM_SOURCE = Path(__file__).with_name("harness_shim.c")
+
+
+def harness_shim(cache_dir: Path | None = None) -> Path | None:
+    """The harness's fatal-signal reporter (engine/harness_shim.c) compiled for this machine, cached; None
+    when it cannot be built (the harness then still works, with less crash evidence)."""
+    source = SHIM_SOURCE.read_bytes()
+    digest = hashlib.sha256(source + compiler_version().encode()).hexdigest()[:16]
+    library = (cache_dir or config.cache_dir()) / "harness" / f"kf_shim-{digest}.so"
+    if library.is_file():
+        return library
+    compiler = shutil.which(c_compiler())
+    if compiler is None:
+        return None
+    library.parent.mkdir(parents=True, exist_ok=True)
+    tmp = library.with_name(f".{library.name}.{os.getpid()}")
+    run = subprocess.run(
+        [compiler, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SHIM_SOURCE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if run.returncode != 0:
+        return None
+    os.replace(tmp, library)
+    return library
+
+
+def _nm(library: Path, *options: str) -> list[list[str]]:
+    run = subprocess.run(
+        ["nm", *options, "--defined-only", str(library)], capture_output=True, text=True, timeout=30, check=False
+    )
+    return [line.split() for line in run.stdout.splitlines() if len(line.split()) == 3]
+
+
+def _exported_functions(library: Path) -> set[str]:
+    return {name for _, kind, name in _nm(library, "-D") if kind in ("T", "W", "i")}
+
+
+def _defined_symbols(library: Path) -> set[str]:
+    return {name for _, _, name in _nm(library)}
+
+
+def categorize(log: str, problem: Problem) -> tuple[str, str]:
+    """(category, first error) of a failed compile, from the compiler's output."""
+    lines = log.splitlines()
+    first = next((line for line in lines if "error:" in line), None)
+    if first is None or "ld returned" in first:
+        linker = ("undefined reference", "multiple definition")
+        first = next((line for line in lines if any(k in line for k in linker)), first)
+    if first is None:
+        return "other", (lines[-1] if lines else "the compiler failed without a message")
+    text = first.lower()
+    entry = re.escape(problem.entry)
+    if re.search(rf"(conflicting types for|prototype for) {_QUOTE}{entry}{_QUOTE}", first):
+        defined = next((line for line in lines if "previous definition of" in line), "")
+        have = re.search(rf"with type {_QUOTE}([^'‘’`\"]*){_QUOTE}", defined)
+        got = f"; the source defines it as `{have.group(1)}`" if have else ""
+        return "wrong_signature", (f"{first.strip()} -- the entry point must be `{problem.signature}`{got}")
+    if "undefined reference" in text or "ld returned" in text or "multiple definition" in text:
+        return "linker", first.strip()
+    if "internal compiler error" in text:
+        return "compiler_crash", first.strip()
+    if any(k in text for k in ("no such file or directory", "permission denied", "#error")):
+        return "include", first.strip()
+    if any(k in text for k in ("undeclared", "implicit declaration", "unknown type name", "has no member")):
+        return "undeclared", first.strip()
+    if any(
+        k in text
+        for k in ("expected", "stray", "unterminated", "missing terminating", "before", "invalid preprocessing")
+    ):
+        return "syntax", first.strip()
+    if any(
+        k in text
+        for k in ("incompatible", "invalid operands", "conversion", "subscripted", "lvalue", "too few", "too many")
+    ):
+        return "type", first.strip()
+    return "other", first.strip()

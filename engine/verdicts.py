@@ -1,0 +1,150 @@
+"""The outcomes of judging a candidate kernel: compile, validation and benchmark reports, and their verdict.
+
+These are pydantic models because they cross process and Temporal boundaries and are stored as event
+payloads; they hold evidence (first compiler error, failing case, per-shape timings), never bulk data.
+
+A verdict names what happened, from the candidate's point of view:
+
+- ``ok``: compiled, correct on every trial, and (for a benchmark) timed with a confidence interval.
+- ``compile_error``: the source did not compile or link, lacks the entry point or has the wrong signature.
+- ``incorrect``: an output differed from the float64 reference beyond tolerance, stayed NaN, a guard
+  byte around a buffer changed, or an input was modified.
+- ``crash``: the process died from a signal (the signal number is recorded) or exited during a call.
+- ``timeout``: a call ran past its wall-clock limit or the process ran out of CPU time.
+- ``resource_limit``: memory beyond the address-space limit, forked processes or threads left running
+  after a call returned, or a CPU affinity changed by the candidate.
+- ``impossible``: measured faster than the roofline bound of this machine allows (bytes moved / measured
+  bandwidth, flops / measured peak, with a generous safety factor): the timing cannot be trusted.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from engine.hardware import HardwareFingerprint
+
+
+class Verdict(StrEnum):
+    """What happened to a candidate; see the module docstring for each value's meaning."""
+
+    ok = "ok"
+    compile_error = "compile_error"
+    incorrect = "incorrect"
+    crash = "crash"
+    timeout = "timeout"
+    resource_limit = "resource_limit"
+    impossible = "impossible"
+
+
+class CompileResult(BaseModel):
+    """The outcome of compiling one source with one set of flags into a shared library."""
+
+    verdict: Verdict = Field(description="ok or compile_error.")
+    artifact_id: str | None = Field(
+        default=None,
+        description="Content hash of source, flags, compiler version, target and ABI; None on failure.",
+    )
+    error_category: str | None = Field(
+        default=None,
+        description=(
+            "Why it failed: syntax, undeclared, type, wrong_signature, missing_entry, disallowed_flag, "
+            "linker, timeout, compiler_crash or other."
+        ),
+    )
+    first_error: str | None = Field(default=None, description="The first error line, or the harness's message.")
+    log: str = Field(default="", description="Compiler output, truncated to a few KiB.")
+    flags: list[str] = Field(default_factory=list, description="The candidate's flags, as given and allowed.")
+    compiler: str = Field(default="", description="Compiler version line.")
+    target: str = Field(default="", description="CPU target the artifact was built for.")
+    cached: bool = Field(default=False, description="True when the result came from the artifact cache.")
+    seconds: float = Field(default=0.0, description="Wall-clock seconds spent (0 for a cache hit).")
+
+
+class CaseEvidence(BaseModel):
+    """One failing trial: enough to reproduce it (shape, seed, distribution) and to see how it failed."""
+
+    phase: str = Field(description="validation, revalidation (after benchmarking) or benchmark.")
+    check: str = Field(
+        description=(
+            "What failed: output, guard_before, guard_after, input_modified, threads, processes, affinity, "
+            "signal, memory, timeout, exit, load, timed_output or harness."
+        )
+    )
+    shape: dict[str, int] = Field(default_factory=dict, description="Problem sizes of the trial.")
+    seed: int | None = Field(default=None, description="Seed of the trial's inputs (Problem.make_inputs).")
+    distribution: str | None = Field(default=None, description="Input distribution of the trial.")
+    output: str | None = Field(default=None, description="The parameter (buffer) concerned.")
+    max_abs_err: float | None = Field(default=None, description="Largest |candidate - reference|.")
+    max_rel_err: float | None = Field(default=None, description="Largest |candidate - reference| / |reference|.")
+    worst_index: list[int] | None = Field(
+        default=None, description="Index of the element furthest outside tolerance (or first bad byte)."
+    )
+    expected: float | None = Field(default=None, description="Reference value at worst_index.")
+    got: float | None = Field(default=None, description="Candidate value at worst_index.")
+    message: str = Field(description="One readable line saying what went wrong.")
+
+
+class ValidationReport(BaseModel):
+    """Correctness of a compiled candidate over shapes × seeds × distributions, judged by the parent."""
+
+    verdict: Verdict = Field(description="ok, incorrect, crash, timeout or resource_limit.")
+    trials: int = Field(default=0, description="Calls whose outputs, guards and inputs were checked.")
+    cases: list[CaseEvidence] = Field(default_factory=list, description="Evidence of the failing trial(s).")
+    signal: int | None = Field(default=None, description="Signal that killed the candidate, if any.")
+    message: str = Field(default="", description="One-line summary of the outcome.")
+    output_tail: str = Field(default="", description="Last bytes the candidate printed to stdout/stderr.")
+    isolation: str = Field(default="", description="Sandbox isolation used (namespaces or process-group).")
+    seconds: float = Field(default=0.0, description="Wall-clock seconds spent.")
+
+
+class ShapeTiming(BaseModel):
+    """Paired timings of the candidate and one reference point on one benchmark shape."""
+
+    shape: dict[str, int] = Field(description="Problem sizes.")
+    weight: float = Field(description="Weight of this shape in the geometric mean.")
+    candidate_ns: float = Field(description="Median candidate time per call, nanoseconds.")
+    reference_ns: float = Field(description="Median reference time per call, nanoseconds.")
+    ratio: float = Field(description="Median over rounds of reference_ns / candidate_ns (>1: candidate faster).")
+    ci_low: float = Field(description="Lower end of the bootstrap 95% interval of ratio.")
+    ci_high: float = Field(description="Upper end of the bootstrap 95% interval of ratio.")
+    samples: int = Field(description="Paired rounds timed.")
+    roofline_ns: float | None = Field(
+        default=None, description="Physical lower bound of one call on this machine, nanoseconds."
+    )
+
+
+class BenchmarkReport(BaseModel):
+    """The candidate against one reference point, timed interleaved in one sandboxed process."""
+
+    verdict: Verdict = Field(description="ok, or why the timings do not count (incorrect, impossible, …).")
+    reference: str = Field(description="Label of the reference point, e.g. numpy, seed, incumbent.")
+    speedup: float = Field(
+        description="Weighted geometric mean over shapes of reference_time / candidate_time (>1: faster)."
+    )
+    ci_low: float = Field(description="Lower end of the joint bootstrap 95% interval of speedup.")
+    ci_high: float = Field(description="Upper end of the joint bootstrap 95% interval of speedup.")
+    shapes: list[ShapeTiming] = Field(default_factory=list, description="Per-shape timings.")
+    threads: int = Field(default=1, description="Cores the candidate and the reference were pinned to.")
+    revalidated: bool = Field(
+        default=False, description="True when the candidate passed validation again after being timed."
+    )
+    cases: list[CaseEvidence] = Field(default_factory=list, description="Evidence when verdict is not ok.")
+    message: str = Field(default="", description="One-line summary.")
+    hardware: HardwareFingerprint = Field(description="Machine, compiler and cores of the measurement.")
+    seconds: float = Field(default=0.0, description="Wall-clock seconds spent (shared by all references).")
+
+
+class Evaluation(BaseModel):
+    """Compile, validate and benchmark one candidate source: the answer of ``kf evaluate``."""
+
+    verdict: Verdict = Field(description="The first verdict that was not ok, else ok.")
+    problem: str = Field(default="", description="Problem name.")
+    compile: CompileResult = Field(description="Compile outcome.")
+    validation: ValidationReport | None = Field(default=None, description="None when it did not compile.")
+    benchmark: BenchmarkReport | None = Field(default=None, description="None unless validation passed.")
+    speedup: float | None = Field(default=None, description="benchmark.speedup, for convenience.")
+    ci_low: float | None = Field(default=None, description="benchmark.ci_low, for convenience.")
+    ci_high: float | None = Field(default=None, description="benchmark.ci_high, for convenience.")
+    evidence: list[str] = Field(default_factory=list, description="Readable lines explaining the verdict.")
