@@ -618,6 +618,11 @@ def test_the_candidate_process_environment_holds_no_api_key(
     report = validate_artifact(softmax, compiled.artifact_id, base_seed=1, threads=1)
     # The probe aborts (a crash verdict) if either key is visible to it.
     assert report.verdict == "ok", report.message
+    # Control: the same probe on a variable the sandbox does pass (PATH) aborts, so the probe can see.
+    control = KEY_PROBE.replace('getenv("OPENAI_API_KEY") != NULL', 'getenv("PATH") != NULL')
+    compiled = compile_source(softmax, control, None)
+    assert compiled.verdict == "ok", compiled.first_error
+    assert validate_artifact(softmax, compiled.artifact_id, base_seed=1, threads=1).verdict == "crash"
 
 
 def test_a_rounds_outcome_events_feed_the_next_rounds_fixer() -> None:
