@@ -79,12 +79,20 @@ async def create_pool(
     min_size: int,
     max_size: int,
     init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+    server_settings: dict[str, str] | None = None,
     timeout: float = 10.0,
 ) -> asyncpg.Pool:
     """A connection pool, with the same clear errors as :func:`connect`."""
     check_database_url(url)
     try:
-        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=init, timeout=timeout)
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            init=init,
+            server_settings=server_settings,
+            timeout=timeout,
+        )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise unreachable(url, error) from error
     assert pool is not None

@@ -110,16 +110,21 @@ BEGIN
 END;
 $$;
 
+-- Why enable_seqscan = off: PL/pgSQL plans the queries above once per session and keeps the plan. A
+-- session that starts on a small table would keep a sequential-scan plan while the table grows, and
+-- every append would then read the whole log. Both lookups are meant to be single index probes.
+ALTER FUNCTION events_before_insert() SET enable_seqscan = off;
+
 CREATE TRIGGER events_before_insert
     BEFORE INSERT ON events
     FOR EACH ROW EXECUTE FUNCTION events_before_insert();
 
 -- Readers tail by position; NOTIFY only wakes them up (they re-read by position), so one notification
--- per statement with the newest position is enough. It is delivered when the transaction commits.
+-- per statement, without a payload, is enough. It is delivered when the transaction commits.
 CREATE FUNCTION events_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('kf_events', (SELECT max(position) FROM events)::text);
+    PERFORM pg_notify('kf_events', '');
     RETURN NULL;
 END;
 $$;

@@ -88,6 +88,15 @@ class EventStoreContract:
         assert (read.payload, read.metadata, read.schema_version, read.type) == (payload, metadata, 3, "t")
         assert read.recorded_at.tzinfo is not None
 
+    async def test_read_events_equal_validated_models(self, store: EventStore) -> None:
+        (stored,) = await store.append("s", [new("v", value=[1, {"x": None}])])
+        (read,) = await store.read_all()
+        validated = RecordedEvent.model_validate(read.model_dump())
+        assert read == validated == stored
+        assert read.model_dump_json() == validated.model_dump_json()
+        assert read.model_copy(update={"type": "other"}).type == "other"
+        assert repr(read) == repr(validated)
+
     async def test_streams_lists_ids_by_prefix(self, store: EventStore) -> None:
         for stream in ["search/b", "search/a", "lessons/x", "search%_odd"]:
             await store.append(stream, [new(f"id-{stream}")])
