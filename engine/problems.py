@@ -229,6 +229,7 @@ def load_problem(name_or_path: str | Path) -> Problem:
             f"{folder / 'problem.py'} lacks {missing}; every problem.py defines {list(REQUIRED)} (see docs/problems.md)"
         )
     params = tuple(_parse_param(folder, raw) for raw in module.PARAMS)
+    _check_declarations(folder, module, params)
     return Problem(name=str(module.NAME), folder=folder, module=module, params=params)
 
 
@@ -255,3 +256,34 @@ def _parse_param(folder: Path, raw: dict[str, Any]) -> Param:
     if raw["role"] in ("in", "out", "inout") and not shape:
         raise UserError(f"{where}: an array parameter needs a shape, e.g. ['rows', 'cols']")
     return Param(name=str(raw["name"]), role=str(raw["role"]), dtype=str(raw["dtype"]), shape=shape)
+
+
+def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, ...]) -> None:
+    """Shapes that name every size, positive weights, a tolerance for every output dtype."""
+    where = folder / "problem.py"
+    sizes = {p.name for p in params if p.role == "size"}
+    for p in params:
+        unknown = sorted(set(p.shape) - sizes)
+        if unknown:
+            raise UserError(
+                f"{where}: array {p.name!r} is shaped by {unknown}, which are not size params {sorted(sizes)}"
+            )
+    benchmark = list(module.BENCHMARK_SHAPES)
+    for entry in benchmark:
+        if not (isinstance(entry, tuple | list) and len(entry) == 2 and float(entry[1]) > 0):
+            raise UserError(f"{where}: BENCHMARK_SHAPES entry {entry!r} must be a (shape, weight) pair, weight > 0")
+    for label, shapes in (
+        ("VALIDATION_SHAPES", list(module.VALIDATION_SHAPES)),
+        ("BENCHMARK_SHAPES", [s for s, _ in benchmark]),
+    ):
+        if not shapes:
+            raise UserError(f"{where}: {label} is empty; give at least one shape")
+        for shape in shapes:
+            if set(shape) != sizes or any(not isinstance(v, int) or v < 1 for v in shape.values()):
+                raise UserError(f"{where}: {label} entry {shape!r} must give each of {sorted(sizes)} a positive int")
+    missing = sorted({p.dtype for p in params if p.role in ("out", "inout")} - set(module.TOLERANCES))
+    if missing:
+        raise UserError(
+            f"{where}: TOLERANCES has no entry for output dtype(s) {missing}; "
+            "add {dtype: {'atol': ..., 'rtol': ...}}"
+        )

@@ -267,3 +267,21 @@ def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
     (folder / "problem.py").write_text(source.replace(', "alpha": np.float32(rng.uniform(0.5, 2.0))', ""))
     with pytest.raises(UserError, match="returned no 'alpha'"):
         load_problem(folder).make_inputs({"n": 7}, "normal", 0)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('VALIDATION_SHAPES = [{"n": 1}', 'VALIDATION_SHAPES = [{"m": 1}', r"VALIDATION_SHAPES entry \{'m': 1\}"),
+        ('({"n": 1 << 16}, 1.0)', '({"n": 1 << 16}, 0.0)', "weight > 0"),
+        ('"shape": ["n"]},\n    {"name": "y"', '"shape": ["len"]},\n    {"name": "y"', r"shaped by \['len'\]"),
+        ('TOLERANCES = {"float32"', 'TOLERANCES = {"float64"', "no entry for output dtype"),
+    ],
+)
+def test_malformed_declarations_are_reported_with_the_fix(tmp_path: Path, old: str, new: str, message: str) -> None:
+    folder = _docs_example(tmp_path / "scale")
+    source = (folder / "problem.py").read_text()
+    assert old in source
+    (folder / "problem.py").write_text(source.replace(old, new))
+    with pytest.raises(UserError, match=message):
+        load_problem(folder)
