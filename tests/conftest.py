@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import itertools
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -28,9 +30,12 @@ _database_numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_url() -> Iterator[str]:
     """One embedded Postgres for the whole session; stopped and deleted at the end."""
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="delete")
+    # Not under pytest's tmp_path: as root, pgserver runs Postgres as the user "pgserver" and opens the
+    # folder's ancestors to it, but every pytest session that starts (another run on this machine)
+    # closes /tmp/pytest-of-root to its owner again, and Postgres then cannot reach its data.
+    server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="kf-test-pg-")), cleanup_mode="delete")
     # Tests check behaviour, not durability: skipping fsync keeps CREATE DATABASE and commits fast
     # on a shared machine. (The benchmark runs with the defaults.)
     server.psql("ALTER SYSTEM SET fsync = off; ALTER SYSTEM SET synchronous_commit = off; SELECT pg_reload_conf();")

@@ -159,3 +159,13 @@ def test_kf_db_migrate_and_status(
     assert main(["db", "migrate", "--database-url", "mysql://root:hunter2@db/kf"]) == 2
     err = capsys.readouterr().err
     assert "malformed database URL" in err and "hunter2" not in err
+
+
+def test_kf_db_without_a_database_says_how_to_get_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine.cli, "COMMAND_MODULES", ["engine.cli.db"])
+    monkeypatch.delenv("KF_DATABASE_URL", raising=False)
+    monkeypatch.setenv("KF_HOME", str(tmp_path / "never-started"))
+    assert main(["db", "status"]) == 2
+    assert "kf up" in capsys.readouterr().err

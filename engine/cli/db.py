@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 from pathlib import Path
 from typing import Any
 
-from engine.config import database_url_override
+from engine import connections
 from engine.database_url import mask_password
-from engine.errors import ConfigurationError
 from engine.migrations import MIGRATIONS_DIR, migrate, migration_status
 
 
@@ -34,22 +32,8 @@ def register(subparsers: Any) -> None:
 
 
 def _database_url(args: argparse.Namespace) -> str:
-    if args.database_url:
-        return str(args.database_url)
-    override = database_url_override()
-    if override:
-        return override
-    # The embedded server's URL is known to the services layer (engine.connections, from `kf up`).
-    try:
-        connections = importlib.import_module("engine.connections")
-    except ImportError:
-        connections = None
-    if connections is not None and hasattr(connections, "database_url"):
-        return str(connections.database_url())
-    raise ConfigurationError(
-        "no database to migrate: start the embedded one with `kf up`, set KF_DATABASE_URL, "
-        "or pass --database-url postgresql://USER@HOST:PORT/DATABASE"
-    )
+    # --database-url, else KF_DATABASE_URL, else the embedded server `kf up` started (a clear error if none).
+    return str(args.database_url) if args.database_url else connections.database_url()
 
 
 def _migrate(args: argparse.Namespace) -> int:
