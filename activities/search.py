@@ -323,10 +323,10 @@ class SearchActivities:
             activity.heartbeat()
 
     async def _recorded_output(self, event_id: str) -> StepOutput | None:
-        event = await self.store.get_event(event_id)
-        if event is None:
+        payload = await recorded_payload(self.store, event_id)
+        if payload is None:
             return None
-        output = StepOutput.model_validate(event.payload["output"])
+        output = StepOutput.model_validate(payload["output"])
         return output.model_copy(update={"reused": True})
 
     async def _recorded_proposal(self, request: ProposeInput) -> list[Candidate] | None:
