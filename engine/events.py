@@ -83,7 +83,7 @@ class RecordedEvent(BaseModel):
         ``model_construct`` does, minus its per-field default and alias handling, which these fields
         do not use; tests/test_event_store.py checks the result equals the validated model."""
         event = cls.__new__(cls)
-        _set_attribute(event, "__dict__", dict(row))
+        _set_attribute(event, "__dict__", {name: row[name] for name in _RECORDED_FIELD_NAMES})
         _set_attribute(event, "__pydantic_fields_set__", set(_RECORDED_FIELDS))
         _set_attribute(event, "__pydantic_extra__", None)
         _set_attribute(event, "__pydantic_private__", None)
@@ -91,7 +91,8 @@ class RecordedEvent(BaseModel):
 
 
 _set_attribute = object.__setattr__  # bypasses the frozen model's __setattr__, as model_construct does
-_RECORDED_FIELDS = frozenset(RecordedEvent.model_fields)
+_RECORDED_FIELD_NAMES = tuple(RecordedEvent.model_fields)
+_RECORDED_FIELDS = frozenset(_RECORDED_FIELD_NAMES)
 
 
 RECORDED_COLUMNS = ", ".join(RecordedEvent.model_fields)
