@@ -43,6 +43,9 @@ PR_SET_CHILD_SUBREAPER = 36
 EXIT_SETUP_FAILED = 70
 EXIT_VIOLATION = 3
 EXIT_HARNESS_ERROR = 4
+# Benchmark inputs: use u of an input slot adds (u % BUMP_CYCLE + 1) / 64 to its first element.
+BUMP_CYCLE = 8
+BUMP_STEP = 1 / 64
 
 
 # --------------------------------------------------------------------------------------------- init role
@@ -529,8 +532,18 @@ class Worker:
             else:
                 callers.append(("numpy", self.module.baseline))
         scalars = {p["name"]: _scalar(p, shape, pool[0]) for p in self.params if not _is_array(p)}
+        # numpy reads the very arrays the kernels read.
+        numpy_inputs = [{**inputs, **slot} for inputs, slot in zip(pool, aligned_pool, strict=True)]
+        del pool
+        # Each use of an input slot changes its first element a little (untimed), so no input repeats
+        # exactly: a kernel that memoizes answers by input content gains nothing, or returns a stale one.
+        bumped = next((p["name"] for p in arrays if p["role"] != "out" and p["dtype"].startswith("float")), None)
+        base0 = [slot[bumped].reshape(-1)[0] if bumped else None for slot in aligned_pool]
+        steps = [np.float32((k + 1) * BUMP_STEP) for k in range(BUMP_CYCLE)]
+        slot_uses = [0] * n_in
         last_writer = [-1] * n_out
-        last_input = [-1] * n_out
+        last_input = [(-1, 0)] * n_out
+        last_call = [-1] * n_out
         uses = [0] * len(callers)
         counter = 0
         perf = time.perf_counter_ns
@@ -542,8 +555,12 @@ class Worker:
             counter += 1
             kind, functions = callers[which]
             uses[which] += 1
+            bump = slot_uses[i] % BUMP_CYCLE
+            slot_uses[i] += 1
+            if bumped:
+                aligned_pool[i][bumped].reshape(-1)[0] = base0[i] + steps[bump]
             if kind == "numpy":
-                inputs = pool[i]
+                inputs = numpy_inputs[i]
                 started = perf()
                 functions(inputs, shape)
                 elapsed = perf() - started
@@ -565,7 +582,7 @@ class Worker:
             function(*args)
             elapsed = perf() - started
             watchdog.check()
-            last_writer[q], last_input[q] = which, i
+            last_writer[q], last_input[q], last_call[q] = which, (i, bump), counter
             return elapsed
 
         n = len(callers)
@@ -599,11 +616,14 @@ class Worker:
                 break
         np.save(self.dir / f"bench{index}.npy", np.asarray(samples, dtype=np.int64))
         checks: list[dict[str, int]] = []
-        for q in range(n_out):
-            if last_writer[q] == 0 and len(checks) < spec.get("check_slots", 2):
+        # The candidate's most recent outputs: a kernel that turns wrong late is wrong in these.
+        recent = sorted((q for q in range(n_out) if last_writer[q] == 0), key=lambda q: -last_call[q])
+        for q in recent:
+            if len(checks) < spec.get("check_slots", 2):
                 for p in outs:
                     np.save(self.dir / f"bench{index}.check{len(checks)}.{p['name']}.npy", out_pool[q][p["name"]])
-                checks.append({"seed": seeds[last_input[q]], "out_slot": q})
+                i, bump = last_input[q]
+                checks.append({"seed": seeds[i], "bump": bump if bumped else -1, "out_slot": q})
         self.progress.emit(ev="bench_done", index=index, rounds=rounds, checks=checks)
 
     # -- calibration -----------------------------------------------------------------------------------

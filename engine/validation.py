@@ -39,8 +39,9 @@ from engine.verdicts import CaseEvidence, ValidationReport, Verdict
 
 GUARD_BYTES = 1024
 DEFAULT_CALL_TIMEOUT_S = 10.0
-# A fatal signal with the address space this close to its limit is an allocation that failed, not a bug.
-MEMORY_MARGIN_BYTES = 128 << 20
+# A fatal signal with the address space within this fraction of its limit is an allocation that failed:
+# a worker normally uses well under half of it (the limit is several times the largest trial).
+MEMORY_MARGIN_FRACTION = 0.25
 
 
 class ArtifactNotFound(UserError):
@@ -417,7 +418,7 @@ def verdict_from_outcome(
             )
         if signum == signal.SIGXFSZ:
             return Verdict.resource_limit, where("file_size", f"wrote a file past the size limit ({name})"), signum
-        if peak >= limits.address_space_bytes - MEMORY_MARGIN_BYTES:
+        if peak >= limits.address_space_bytes * (1 - MEMORY_MARGIN_FRACTION):
             return (
                 Verdict.resource_limit,
                 where(

@@ -1,0 +1,25 @@
+// expect: resource_limit
+// stage: validate
+// check: affinity
+/* Widens its CPU affinity to every core, escaping the thread budget. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+static void softmax_ok(const float *x, float *y, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float m = -INFINITY, s = 0.0f;
+        for (int64_t c = 0; c < cols; c++) m = xr[c] > m ? xr[c] : m;
+        for (int64_t c = 0; c < cols; c++) { yr[c] = expf(xr[c] - m); s += yr[c]; }
+        for (int64_t c = 0; c < cols; c++) yr[c] /= s;
+    }
+}
+void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < 64; c++) CPU_SET(c, &all);
+    sched_setaffinity(0, sizeof all, &all);
+    softmax_ok(x, y, rows, cols);
+}

@@ -1,0 +1,20 @@
+// expect: incorrect
+// stage: validate
+// check: input_modified
+/* Correct, but uses its input as scratch space (casting away const). */
+#include <math.h>
+#include <stdint.h>
+static void softmax_ok(const float *x, float *y, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float m = -INFINITY, s = 0.0f;
+        for (int64_t c = 0; c < cols; c++) m = xr[c] > m ? xr[c] : m;
+        for (int64_t c = 0; c < cols; c++) { yr[c] = expf(xr[c] - m); s += yr[c]; }
+        for (int64_t c = 0; c < cols; c++) yr[c] /= s;
+    }
+}
+void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    softmax_ok(x, y, rows, cols);
+    ((float *)x)[rows * cols - 1] = 0.5f;
+}

@@ -1,0 +1,203 @@
+"""The adversarial corpus (tests/adversarial/): every hostile or broken kernel gets the right verdict, and
+this test process survives them all.
+
+Each file's header says what to expect (see tests/adversarial/README.md). Files with placeholders are run
+by the dedicated tests below, which also check what the verdict alone cannot show: that no connection
+reached the test's listener, that no forked or daemonised process outlived the verdict, and that the
+parent's secrets stayed out of the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.benchmarking import Reference, benchmark_artifact
+from engine.cpu_backend import DEFAULT_FLAGS, compile_source
+from engine.problems import Problem, load_problem
+from engine.sandbox import Isolation, isolation_support
+from engine.validation import validate_artifact
+from engine.verdicts import BenchmarkReport, ValidationReport, Verdict
+
+CORPUS = Path(__file__).parent / "adversarial"
+PLACEHOLDER = re.compile(r"\{\{[A-Z]+\}\}")
+# Small on purpose: the corpus must run in seconds. One seed still covers every shape and distribution.
+SEEDS = 1
+CALL_TIMEOUT_S = 2.0
+BUDGET_S = 0.3
+
+
+def header(source: str) -> dict[str, str]:
+    """The ``// key: value`` lines at the top of a corpus file."""
+    fields = {}
+    for line in source.splitlines():
+        match = re.match(r"//\s*(\w[\w-]*):\s*(.+)", line)
+        if not match:
+            break
+        fields[match.group(1)] = match.group(2).strip()
+    return fields
+
+
+def corpus_files(with_placeholders: bool) -> list[Path]:
+    files = sorted(CORPUS.glob("*.c"))
+    return [f for f in files if bool(PLACEHOLDER.search(f.read_text())) == with_placeholders]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kf-cache")
+
+
+def compiled(problem: Problem, source: str, cache: Path) -> str:
+    result = compile_source(problem, source, DEFAULT_FLAGS, cache_dir=cache)
+    assert result.verdict == Verdict.ok, result.first_error
+    assert result.artifact_id is not None
+    return result.artifact_id
+
+
+def validate(problem: Problem, source: str, cache: Path, isolation: str = "auto") -> ValidationReport:
+    artifact = compiled(problem, source, cache)
+    return validate_artifact(
+        problem, artifact, seeds=SEEDS, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S, isolation=isolation
+    )
+
+
+def benchmark(problem: Problem, source: str, cache: Path, reference: Reference | None = None) -> BenchmarkReport:
+    artifact = compiled(problem, source, cache)
+    if reference is None:
+        reference = Reference(kind="numpy", label="numpy")
+    (report,) = benchmark_artifact(
+        problem, artifact, [reference], budget_s=BUDGET_S, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S
+    )
+    return report
+
+
+@pytest.mark.parametrize("path", corpus_files(with_placeholders=False), ids=lambda p: p.stem)
+def test_corpus_file_gets_its_verdict(path: Path, cache: Path) -> None:
+    source = path.read_text()
+    expect = header(source)
+    if "dedicated" in expect:
+        pytest.skip(f"checked by {expect['dedicated']}")
+    problem = load_problem(expect.get("problem", "softmax"))
+    validation = validate(problem, source, cache)
+    if expect["stage"] == "validate":
+        assert validation.verdict == expect["expect"], validation.model_dump_json(indent=1)
+        if "check" in expect:
+            assert validation.cases and validation.cases[0].check == expect["check"], validation.cases
+        if validation.verdict != Verdict.ok:
+            assert validation.cases[0].message
+        return
+    assert validation.verdict == Verdict.ok, validation.message
+    report = benchmark(problem, source, cache)
+    assert report.verdict == expect["expect"], report.model_dump_json(indent=1)
+    if "check" in expect:
+        assert report.cases and report.cases[0].check == expect["check"], report.cases
+
+
+def test_crash_reports_its_signal(cache: Path) -> None:
+    problem = load_problem("softmax")
+    segfault = validate(problem, (CORPUS / "segfault.c").read_text(), cache)
+    aborted = validate(problem, (CORPUS / "abort.c").read_text(), cache)
+    assert (segfault.verdict, segfault.signal) == (Verdict.crash, 11)
+    assert "address 0x0" in segfault.message
+    assert (aborted.verdict, aborted.signal) == (Verdict.crash, 6)
+    # The evidence names the trial that was running.
+    assert segfault.cases[0].shape and segfault.cases[0].distribution
+
+
+def test_wrong_output_evidence_is_reproducible(cache: Path) -> None:
+    problem = load_problem("softmax")
+    report = validate(problem, (CORPUS / "every_kth_row.c").read_text(), cache)
+    case = report.cases[0]
+    assert case.check == "output" and case.output == "y"
+    assert case.seed is not None and case.distribution is not None and case.worst_index is not None
+    assert case.max_abs_err is not None and case.max_abs_err > 0
+    # The recorded seed regenerates the very inputs of the failing trial.
+    again = problem.make_inputs(case.shape, case.distribution, case.seed)
+    assert again["x"].shape == (case.shape["rows"], case.shape["cols"])
+
+
+def test_sleeping_through_warm_up_does_not_look_faster(cache: Path) -> None:
+    problem = load_problem("softmax")
+    seed_artifact = compiled(problem, problem.seed_source(), cache)
+    report = benchmark(
+        problem,
+        (CORPUS / "sleepy_warmup.c").read_text(),
+        cache,
+        Reference(kind="artifact", artifact_id=seed_artifact, label="seed"),
+    )
+    assert report.verdict == Verdict.ok
+    assert report.ci_low <= 1.0, f"a kernel that only sleeps more came out faster: {report.message}"
+
+
+def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:
+    problem = load_problem(CORPUS / "problems" / "heavy_copy")
+    report = benchmark(problem, problem.seed_source(), cache)
+    assert report.verdict == Verdict.impossible
+    assert report.cases[0].check == "roofline"
+
+
+def test_secrets_of_the_parent_stay_out(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KF_TEST_SECRET", "sk-" + secrets.token_hex(8))
+    report = validate(load_problem("softmax"), (CORPUS / "env_secret.c").read_text(), cache)
+    assert report.verdict == Verdict.ok, report.message  # the candidate aborts when it finds the secret
+
+
+@pytest.mark.skipif(
+    isolation_support().isolation != Isolation.namespaces, reason="no network namespace on this machine"
+)
+def test_no_connection_leaves_the_sandbox(cache: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        source = (CORPUS / "network.c").read_text().replace("{{PORT}}", str(port))
+        report = validate(load_problem("softmax"), source, cache)
+        assert report.verdict == Verdict.ok, report.message
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def survivors(token: str) -> list[int]:
+    """Processes on this machine whose name carries ``token`` (set by the corpus with PR_SET_NAME)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if token in Path(entry.path, "comm").read_text():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_for_no_survivors(token: str, seconds: float = 2.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := survivors(token)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def test_fork_bomb_is_contained(cache: Path) -> None:
+    token = secrets.token_hex(4)
+    source = (CORPUS / "fork_bomb.c").read_text().replace("{{TOKEN}}", token)
+    report = validate(load_problem("softmax"), source, cache)
+    assert report.verdict == Verdict.resource_limit, report.message
+    assert report.cases[0].check == "processes"
+    assert wait_for_no_survivors(token) == []
+
+
+@pytest.mark.parametrize("isolation", ["auto", "process-group"])
+def test_daemonised_grandchild_does_not_outlive_the_verdict(cache: Path, isolation: str) -> None:
+    token = secrets.token_hex(4)
+    source = (CORPUS / "setsid_grandchild.c").read_text().replace("{{TOKEN}}", token)
+    report = validate(load_problem("softmax"), source, cache, isolation=isolation)
+    assert report.verdict == Verdict.resource_limit, report.message
+    assert wait_for_no_survivors(token) == []
