@@ -90,9 +90,7 @@ class KernelSearch:
         if state.target_queue is None:
             info = await self._resolve_target(spec)
             state.target_queue = info.queue
-            await self._record(
-                f"{state.search_id}/target", "search.target_resolved", info.model_dump(mode="json")
-            )
+            await self._record(f"{state.search_id}/target", "search.target_resolved", info.model_dump(mode="json"))
         self._upsert_progress()
         workflow.logger.info("search %s runs on %s (control %s)", state.search_id, state.target_queue, queues)
 
@@ -191,9 +189,7 @@ class KernelSearch:
             benchmark_seconds=state.spec.benchmark_seconds,
             seed=state.spec.seed + state.generation,
         )
-        outcome = CandidateOutcome(
-            candidate_id=candidate.candidate_id, label=candidate.label, verdict="harness_error"
-        )
+        outcome = CandidateOutcome(candidate_id=candidate.candidate_id, label=candidate.label, verdict="harness_error")
         try:
             compiled = await self._hardware("kf.compile", step, minutes=10)
             outcome.verdict, outcome.artifact_id = compiled.verdict, compiled.artifact_id
@@ -276,14 +272,22 @@ class KernelSearch:
 
     async def _control(self, name: str, arg: Any, result_type: Any) -> Any:
         spec = self._require_state().spec
-        result = await workflow.execute_activity(
-            name,
-            arg,
-            task_queue=control_queue(spec.task_queue_prefix),
-            start_to_close_timeout=timedelta(minutes=10),
-            retry_policy=CONTROL_RETRY,
-            result_type=result_type,
-        )
+        try:
+            result = await workflow.execute_activity(
+                name,
+                arg,
+                task_queue=control_queue(spec.task_queue_prefix),
+                start_to_close_timeout=timedelta(minutes=10),
+                retry_policy=CONTROL_RETRY,
+                result_type=result_type,
+            )
+        except ActivityError as error:
+            # Bad input found by a control step (an unknown problem, no model configured) ends the search
+            # with the step's own message, not a bare "activity task failed".
+            cause = error.cause
+            if isinstance(cause, ApplicationError) and cause.non_retryable:
+                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
+            raise
         if isinstance(result, list):
             for candidate in result:
                 if isinstance(candidate, Candidate):
@@ -480,9 +484,7 @@ class KernelSearch:
     def _validate_budget(self, budget: dict[str, Any]) -> None:
         # Rejected updates never reach history; pydantic's message says which field was wrong.
         state = self._require_state()
-        Budget.model_validate(
-            state.spec.budget.model_dump() | {k: v for k, v in budget.items() if v is not None}
-        )
+        Budget.model_validate(state.spec.budget.model_dump() | {k: v for k, v in budget.items() if v is not None})
 
     async def _record_message(self, kind: str, payload: dict[str, Any]) -> None:
         state = self._require_state()
