@@ -5,8 +5,10 @@ The fixtures (``temporal_env``, ``client``, ``prefix``) live in conftest.py."""
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
@@ -42,3 +44,19 @@ async def start(
         task_queue=control_queue(prefix),
         result_type=SearchResult,
     )
+
+
+HISTORIES = Path(__file__).resolve().parent / "histories"
+
+
+async def keep_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
+    """With KF_RECORD_HISTORIES=1, save the search's workflow history for the replay test (determinism guard).
+
+    Regenerate after a deliberate, versioned change to the workflow:
+    `KF_RECORD_HISTORIES=1 .venv/bin/pytest tests/test_search.py`.
+    """
+    if os.environ.get("KF_RECORD_HISTORIES") != "1":
+        return
+    history = await handle.fetch_history()
+    HISTORIES.mkdir(exist_ok=True)
+    (HISTORIES / f"{name}.json").write_text(history.to_json())

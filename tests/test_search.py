@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from search_fixtures import QUICK, running_worker, start
+from search_fixtures import QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError
 
 from engine.evaluation import validate_artifact
@@ -51,6 +51,7 @@ async def test_two_generation_search_records_everything_and_promotes_only_on_con
             client, prefix, {"problem": "softmax", "generations": 2, "candidates_per_generation": 2, **QUICK}
         )
         result = await handle.result()
+    await keep_history(handle, "two_generations")
 
     assert result.status == "completed"
     assert result.generations_run == 3  # the seed's generation 0, then two
@@ -161,6 +162,7 @@ async def test_pause_resume_hint_and_stop(client: Client, store: EventStore, pre
         await wait_for(client, handle.id, lambda s: s.candidates_done > frozen)
         await handle.execute_update("stop", result_type=SearchStatus)
         result = await handle.result()
+    await keep_history(handle, "pause_hint_stop")
 
     assert result.status == "stopped"
     events = await store.read_stream(stream_of(handle.id))
@@ -187,6 +189,7 @@ async def test_continue_as_new_keeps_the_search_state(client: Client, store: Eve
             },
         )
         result = await handle.result()
+    await keep_history(handle, "continued_as_new_last_run")
     assert result.status == "completed" and result.generations_run == 3
     assert result.candidates_done == 3
     runs = [e async for e in client.list_workflows(f"WorkflowId = '{handle.id}'")]
