@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
@@ -39,7 +39,7 @@ async def start_search(
         task_queue=control_queue(spec.task_queue_prefix),
         result_type=SearchResult,
         search_attributes=TypedSearchAttributes(
-            [PROBLEM_ATTR.value_set(spec.problem), TARGET_ATTR.value_set(spec.target)]
+            [SearchAttributePair(PROBLEM_ATTR, spec.problem), SearchAttributePair(TARGET_ATTR, spec.target)]
         ),
         # A workflow task that keeps failing is a bug, not bad input (the workflow validates its input
         # itself); cap the whole search's life at a generous bound so a forgotten one ends.

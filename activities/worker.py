@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -60,7 +61,7 @@ def build_workers(
                 identity=acts.identity,
             )
         )
-    hardware_acts = [acts.describe_worker, acts.compile, acts.validate, acts.benchmark]
+    hardware_acts: list[Callable[..., Any]] = [acts.describe_worker, acts.compile, acts.validate, acts.benchmark]
     for target in targets:
         generic = target.split("-", 1)[0]
         workers.append(
