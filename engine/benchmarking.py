@@ -53,7 +53,7 @@ from engine.verdicts import BenchmarkReport, CaseEvidence, ShapeTiming, Verdict
 
 DEFAULT_BUDGET_S = 2.0
 # A pool of inputs at least this many times the LLC, so most calls miss the cache ...
-POOL_LLC_MULTIPLE = 2
+POOL_LLC_MULTIPLE = 1.5
 # ... but never more memory than this, nor more slots than this.
 MAX_POOL_BYTES = 256 << 20
 MAX_POOL_SLOTS = 64
@@ -221,10 +221,11 @@ def benchmark_artifact(
             }
         ]
         trials = []
+        kept: dict[str, dict[str, Any]] = {}
         if revalidate:
             groups = plan_trials(problem, "revalidation", 1, seed)
             trials = [t for g in groups for t in g]
-            phases.append(write_validation_phase(problem, run.dir, "revalidation", groups))
+            phases.append(write_validation_phase(problem, run.dir, "revalidation", groups, kept))
         plan = run.plan(contenders, phases, problem_py=True)
         limits = SandboxLimits(
             wall_seconds=240 + 3 * budget_s,
@@ -241,9 +242,10 @@ def benchmark_artifact(
                 ),
             ),
         )
-        checker = TrialChecker(problem, run.dir, run.guard, trials)
+        checker = TrialChecker(problem, run.dir, run.guard, trials, kept)
         failures: list[CaseEvidence] = []
         rounds: dict[int, int] = {}
+        loops = {"timed_ns": 0, "loop_ns": 0}
 
         def on_event(event: dict[str, Any]) -> str | None:
             kind = event.get("ev")
@@ -252,6 +254,8 @@ def benchmark_artifact(
             elif kind == "bench_done":
                 index = int(event["index"])
                 rounds[index] = int(event["rounds"])
+                for key in loops:
+                    loops[key] += int(event.get(key, 0))
                 evidence = _check_timed_outputs(
                     problem, run.dir, index, shapes[index][0], distribution, event["checks"]
                 )
@@ -264,7 +268,13 @@ def benchmark_artifact(
 
         outcome = run.run(plan, limits, on_event, call_timeout_s=call_timeout_s, poll_s=0.05)
         seconds = time.perf_counter() - started
-        common = {"threads": threads, "hardware": fingerprint, "seconds": seconds}
+        common = {
+            "threads": threads,
+            "hardware": fingerprint,
+            "seconds": seconds,
+            "timed_seconds": loops["timed_ns"] / 1e9,
+            "loop_seconds": loops["loop_ns"] / 1e9,
+        }
         labels = [r.label for r in references]
 
         def failed(verdict: Verdict, evidence: CaseEvidence) -> list[BenchmarkReport]:

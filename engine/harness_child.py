@@ -266,6 +266,7 @@ class Progress:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def emit(self, **event: Any) -> None:
+        event["t"] = round(time.monotonic(), 4)
         os.write(self.fd, (json.dumps(event) + "\n").encode())
 
 
@@ -590,7 +591,7 @@ class Worker:
         warm_ns = int(budget_ns * phase.get("warmup_fraction", 0.1))
         min_rounds, max_rounds = int(phase.get("min_rounds", 5)), int(phase.get("max_rounds", 100000))
         self.progress.emit(ev="bench_start", index=index)
-        started = perf()
+        loop_started = started = perf()
         rounds = 0
         # A fresh random order each round: no contender always runs first, or always right after the
         # one that pollutes the caches most (a fixed rotation A B C, B C A, C A B has A follow C twice as
@@ -614,7 +615,9 @@ class Worker:
             rounds += 1
             if rounds >= max_rounds or (rounds >= min_rounds and perf() - started >= budget_ns):
                 break
-        np.save(self.dir / f"bench{index}.npy", np.asarray(samples, dtype=np.int64))
+        loop_ns = perf() - loop_started
+        timings = np.asarray(samples, dtype=np.int64)
+        np.save(self.dir / f"bench{index}.npy", timings)
         checks: list[dict[str, int]] = []
         # The candidate's most recent outputs: a kernel that turns wrong late is wrong in these.
         recent = sorted((q for q in range(n_out) if last_writer[q] == 0), key=lambda q: -last_call[q])
@@ -624,7 +627,9 @@ class Worker:
                     np.save(self.dir / f"bench{index}.check{len(checks)}.{p['name']}.npy", out_pool[q][p["name"]])
                 i, bump = last_input[q]
                 checks.append({"seed": seeds[i], "bump": bump if bumped else -1, "out_slot": q})
-        self.progress.emit(ev="bench_done", index=index, rounds=rounds, checks=checks)
+        self.progress.emit(
+            ev="bench_done", index=index, rounds=rounds, checks=checks, timed_ns=int(timings.sum()), loop_ns=loop_ns
+        )
 
     # -- calibration -----------------------------------------------------------------------------------
 

@@ -11,22 +11,35 @@ A :class:`Sandbox` is a private directory plus the means to run a command in it 
   (``OMP_NUM_THREADS``… = the thread budget), never the caller's API keys or tokens;
 - a private temporary directory (``HOME`` and ``TMPDIR`` point at it), removed afterwards;
 - CPU affinity to ``threads`` cores (recorded in the hardware fingerprint);
-- when this process is root, the command runs as ``nobody`` with ``no_new_privs``: it cannot read root's
-  files, and ``RLIMIT_NPROC`` binds (it never binds root, so without the drop a fork bomb is only stopped
-  by the PID namespace and the timeout).
+- a pids cgroup (v1 or v2, where one is writable) bounding processes and threads: ``RLIMIT_NPROC`` never
+  binds root, so without the cgroup a fork bomb run as root is stopped only by the namespace and timeout;
+  forks the cgroup refused are reported, and whatever is left in it is killed after the run;
+- fewer privileges: when this process is root the command runs as ``nobody`` where that user can run
+  the command (always for the compiler; for the Python harness only if the venv is readable to it, which a
+  venv inside ``/root`` is not), otherwise as uid 0 with every capability dropped (bounding set included)
+  and ``no_new_privs`` -- it cannot load modules, mount, use raw devices or bypass file permissions.
 
 Isolation ``namespaces`` (the default where ``unshare`` works: as root, or unprivileged where user
 namespaces are allowed) adds ``unshare --net --pid --ipc --fork --kill-child --mount-proc``: no network
 (the namespace has only a downed loopback), its own ``/proc`` (no other process's environment is visible),
-and the guarantee that no descendant outlives the verdict -- when the namespace's init exits or is
-killed, the kernel kills every process in it, including ones that called ``setsid()``.
+a private mount namespace in which every mount but the private directory is remounted read-only (so even
+uid 0 writes nothing outside it: not the repository, not ``/proc/sys``, not the cgroup files), and the
+guarantee that no descendant outlives the verdict -- when the namespace's init exits or is killed, the
+kernel kills every process in it, including ones that called ``setsid()``.
 
 Fallback ``process-group`` (no usable ``unshare``): the init runs in a new session and is a child
 subreaper, so orphaned descendants are re-parented to it and killed when it exits; on timeout it gets
 SIGTERM (it kills its descendants), then the group gets SIGKILL, then a sweep kills any process still
-carrying this sandbox's ``KF_SANDBOX_TOKEN`` in its environment. What is lost: network isolation; a
-private view of ``/proc``; and the guarantee against a descendant that both escapes the process group
-(``setsid``) and outlives a SIGKILLed init while scrubbing its environment.
+carrying this sandbox's ``KF_SANDBOX_TOKEN`` in its environment (and the pids cgroup, where there is
+one, is emptied). What is lost: network isolation; a private view of ``/proc`` (other processes of the
+same user, and their environments, are visible); the read-only file system (a candidate running as uid 0
+without capabilities can still write files root owns); and the guarantee against a descendant that
+escapes the process group (``setsid``), outlives a SIGKILLed init and scrubs its environment, where no
+pids cgroup holds it.
+
+Not defended, in either mode: a candidate is native code in the harness's process, so a determined one
+could tamper with the harness's timer or its progress log. Correctness is always judged in the parent,
+and the roofline bound rejects timings that are physically impossible; see engine/benchmarking.py.
 """
 
 from __future__ import annotations

@@ -133,6 +133,12 @@ class BenchmarkReport(BaseModel):
     cases: list[CaseEvidence] = Field(default_factory=list, description="Evidence when verdict is not ok.")
     message: str = Field(default="", description="One-line summary.")
     hardware: HardwareFingerprint = Field(description="Machine, compiler and cores of the measurement.")
+    timed_seconds: float = Field(
+        default=0.0, description="Seconds inside timed calls, all contenders, timed rounds only (not warm-up)."
+    )
+    loop_seconds: float = Field(
+        default=0.0, description="Seconds of the timing loops: warm-up, timed calls and the checks between them."
+    )
     seconds: float = Field(default=0.0, description="Wall-clock seconds spent (shared by all references).")
 
 
