@@ -7,8 +7,9 @@ call), never by the candidate:
    cache where the memory cap allows, so calls read memory rather than a warm cache) and a pool of output
    buffers whose period is coprime with it (a kernel that skips work on a pointer it has seen finds
    another input's answer in its output);
-2. warm-up rounds, then timed rounds: candidate and every reference point once per round, the order
-   rotated each round (A B C, B C A, C A B), until the shape's share of the time budget is spent;
+2. warm-up rounds, then timed rounds: candidate and every reference point once per round, in a fresh
+   random order each round, until the shape's share of the time budget (in proportion to its weight) is
+   spent; each reuse of an input set changes its first element slightly, so no input repeats exactly;
 3. the outputs of the last timed candidate calls go back to the parent, which checks them against the
    reference computed from the same seeds (a kernel that is only wrong when timed is caught);
 4. the candidate is validated again in the same process (a kernel that turns wrong after N calls is
@@ -197,7 +198,8 @@ def benchmark_artifact(
                 contenders.append({"label": f"ref{j}", "kind": "numpy"})
         bench_shapes = []
         pools = []
-        for s, (shape, _weight) in enumerate(shapes):
+        total_weight = sum(w for _, w in shapes)
+        for s, (shape, weight) in enumerate(shapes):
             n_in, n_out, pool_bytes = pool_slots(problem, shape, limits_hw.llc_bytes)
             pools.append(pool_bytes)
             bench_shapes.append(
@@ -205,7 +207,8 @@ def benchmark_artifact(
                     "shape": shape,
                     "seeds": [trial_seed(seed, "benchmark", s, distribution, i) for i in range(n_in)],
                     "distribution": distribution,
-                    "budget_s": budget_s / len(shapes),
+                    # Time in proportion to weight: the heavier a shape counts, the more precisely it is timed.
+                    "budget_s": budget_s * weight / total_weight,
                     "out_slots": n_out,
                     "check_slots": CHECKED_TIMED_CALLS,
                 }

@@ -242,15 +242,54 @@ class _PidsCgroup:
                 except OSError:
                     pass
             time.sleep(0.005)
-        for _ in range(200):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             try:
                 self.path.rmdir()
                 break
             except FileNotFoundError:
                 break
             except OSError:
-                time.sleep(0.005)  # the last tasks are still exiting
+                time.sleep(0.01)  # the last tasks are still exiting (many, slowly, on a loaded machine)
         return killed
+
+
+def _remove_stale_cgroups(root: Path) -> None:
+    """Remove empty ``kf-<pid>-…`` cgroups whose creating process is gone (it died mid-run), and empty
+    ones without a pid in their name (an older naming) untouched for an hour. A cgroup with tasks in it
+    cannot be removed, so a run in progress is never disturbed."""
+    for path in root.glob("kf-*"):
+        parts = path.name.split("-")
+        if len(parts) < 3 or not parts[1].isdigit():
+            try:
+                if time.time() - path.stat().st_mtime > 3600:
+                    path.rmdir()
+            except OSError:
+                pass
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # its creator is alive: maybe in use
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+
+
+_janitor_lock = threading.Lock()
+_janitor_ran = False
+
+
+def _janitor_due() -> bool:
+    """True once per process: the first sandbox run tidies cgroups left by processes that died."""
+    global _janitor_ran
+    with _janitor_lock:
+        due, _janitor_ran = not _janitor_ran, True
+    return due
 
 
 def _scratch_base() -> str:
@@ -406,8 +445,11 @@ class Sandbox:
         self.runs += 1
         cgroup = None
         if cgroup_root is not None:
+            if _janitor_due():
+                _remove_stale_cgroups(cgroup_root)
             try:
-                cgroup = _PidsCgroup(cgroup_root, f"kf-{self.token}-{self.runs}", limits.processes + 4 * self.threads)
+                name = f"kf-{os.getpid()}-{self.token}-{self.runs}"
+                cgroup = _PidsCgroup(cgroup_root, name, limits.processes + 4 * self.threads)
                 init += ["--cgroup-procs", str(cgroup.procs)]
             except OSError:
                 cgroup = None
