@@ -64,6 +64,8 @@ MAX_POOL_SLOTS = 64
 # skipped on timed calls) is orders of magnitude below the bound, not a factor of two.
 ROOFLINE_SAFETY = 8.0
 CHECKED_TIMED_CALLS = 4
+# How long a benchmark waits for CPUs no other sandbox on the machine holds before timing on shared ones.
+EXCLUSIVE_WAIT_S = 120.0
 # Must match harness_child.BUMP_STEP: benchmark inputs drift by this much per use (see there).
 BUMP_STEP = 1 / 64
 # How many separately loaded copies of each artifact take turns in the timed calls. More than one would
@@ -116,7 +118,9 @@ def _calibrate(key: str, threads: int, cache_dir: Path | None, isolation: str) -
         return None
 
     gemm_n = 1024 if threads == 1 else 2048
-    with HarnessRun(problem, threads=threads, cache_dir=cache_dir, isolation=isolation) as run:
+    with HarnessRun(
+        problem, threads=threads, cache_dir=cache_dir, isolation=isolation, exclusive_wait_s=EXCLUSIVE_WAIT_S
+    ) as run:
         plan = run.plan([], [{"kind": "calibrate", "gemm_n": gemm_n}], problem_py=False)
         limits = SandboxLimits(wall_seconds=300, cpu_seconds=600, address_space_bytes=4 << 30)
         run.run(plan, limits, on_event, call_timeout_s=300)
@@ -187,7 +191,9 @@ def benchmark_artifact(
     )
     shapes = problem.benchmark_shapes
     distribution = "normal" if "normal" in problem.distributions else problem.distributions[0]
-    with HarnessRun(problem, threads=threads, cache_dir=cache_dir, isolation=isolation) as run:
+    with HarnessRun(
+        problem, threads=threads, cache_dir=cache_dir, isolation=isolation, exclusive_wait_s=EXCLUSIVE_WAIT_S
+    ) as run:
         contenders = [run.add_library("candidate", artifact_id, LIBRARY_COPIES)]
         for j, reference in enumerate(references):
             if reference.kind == "artifact":
@@ -272,6 +278,7 @@ def benchmark_artifact(
         outcome = run.run(plan, limits, on_event, call_timeout_s=call_timeout_s, poll_s=0.05)
         seconds = time.perf_counter() - started
         common = {
+            "cpus_exclusive": run.sandbox.exclusive,
             "threads": threads,
             "hardware": fingerprint,
             "seconds": seconds,

@@ -217,7 +217,7 @@ def _compile(
             }
         )
     # The compiler needs no Python: it can run as `nobody` even where the interpreter is unreadable to it.
-    with Sandbox(unprivileged=True) as sandbox:
+    with Sandbox(unprivileged=True, pin=False) as sandbox:
         (sandbox.dir / "kernel.c").write_text(_with_signature_check(problem, source))
         outcome = sandbox.run([compiler, *flags, *FORCED_FLAGS, "-o", "kernel.so", "kernel.c", "-lm"], COMPILE_LIMITS)
         log = outcome.output_tail.replace(str(sandbox.dir) + "/", "")

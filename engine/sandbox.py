@@ -44,6 +44,7 @@ and the roofline bound rejects timings that are physically impossible; see engin
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -335,6 +336,49 @@ def sweep_token(token: str) -> int:
     return killed
 
 
+class CpuLease:
+    """CPUs reserved for one sandbox among all sandboxes on this machine, in any process: an exclusive
+    ``flock`` on one file per CPU. Two benchmarks pinned to the same core would time each other's
+    preemptions; a lease keeps them apart. When fewer CPUs are free than asked for within ``wait_s``, the
+    lease takes the preferred ones anyway and says so (``exclusive`` False)."""
+
+    DIRECTORY = Path(tempfile.gettempdir()) / "kf-cpu-leases"
+
+    def __init__(self, threads: int, *, wait_s: float = 0.0) -> None:
+        preference = pinned_cpus(len(os.sched_getaffinity(0)))[::-1]  # the last CPUs first (CPU 0 takes IRQs)
+        if threads > len(preference):
+            pinned_cpus(threads)  # raises with the message naming the CPUs available
+        self._files: list[Any] = []
+        chosen: list[int] = []
+        deadline = time.monotonic() + wait_s
+        self.DIRECTORY.mkdir(exist_ok=True)
+        while True:
+            for cpu in preference:
+                if len(chosen) < threads and cpu not in chosen and self._try(cpu):
+                    chosen.append(cpu)
+            if len(chosen) == threads or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self.exclusive = len(chosen) == threads
+        chosen += [cpu for cpu in preference if cpu not in chosen][: threads - len(chosen)]
+        self.cpus = sorted(chosen)
+
+    def _try(self, cpu: int) -> bool:
+        handle = open(self.DIRECTORY / f"cpu{cpu}.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            return False
+        self._files.append(handle)
+        return True
+
+    def release(self) -> None:
+        for handle in self._files:
+            handle.close()
+        self._files.clear()
+
+
 class Sandbox:
     """A private directory and the isolated runner of commands in it. Use as a context manager."""
 
@@ -346,14 +390,24 @@ class Sandbox:
         support: _Support | None = None,
         cpus: Sequence[int] | None = None,
         unprivileged: bool | None = None,
+        pin: bool = True,
+        exclusive_wait_s: float = 0.0,
     ) -> None:
         """``unprivileged``: run commands as ``nobody`` (when this process is root). None: only where that
         user can run this Python and numpy (probed); True: always, for commands that need neither (the
-        compiler)."""
+        compiler). ``pin``: lease ``threads`` CPUs (``cpus`` to choose them), waiting up to
+        ``exclusive_wait_s`` for ones no other sandbox holds; False: any CPU (the compiler)."""
         self.support = support or isolation_support(isolation)
         self.drop_to = self.support.drop_to if unprivileged is None else (_unprivileged_ids() if unprivileged else None)
         self.threads = threads
-        self.cpus = list(cpus) if cpus is not None else pinned_cpus(threads)
+        self.lease: CpuLease | None = None
+        if cpus is not None:
+            self.cpus = list(cpus)
+        elif pin:
+            self.lease = CpuLease(threads, wait_s=exclusive_wait_s)
+            self.cpus = self.lease.cpus
+        else:
+            self.cpus = sorted(os.sched_getaffinity(0))
         self.token = secrets.token_hex(8)
         self.runs = 0
         self.dir = Path(tempfile.mkdtemp(prefix="kf-sandbox-", dir=_scratch_base()))
@@ -371,7 +425,14 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def exclusive(self) -> bool:
+        """True when no other sandbox on this machine holds this sandbox's CPUs."""
+        return self.lease.exclusive if self.lease is not None else False
+
     def close(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def environment(self) -> dict[str, str]:

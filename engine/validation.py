@@ -289,10 +289,18 @@ class ProgressState:
 class HarnessRun:
     """One sandboxed run of the harness worker on a plan; see the module docstring."""
 
-    def __init__(self, problem: Problem, *, threads: int, cache_dir: Path | None, isolation: str = "auto") -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        *,
+        threads: int,
+        cache_dir: Path | None,
+        isolation: str = "auto",
+        exclusive_wait_s: float = 0.0,
+    ) -> None:
         self.problem = problem
         self.cache_dir = cache_dir
-        self.sandbox = Sandbox(threads=threads, isolation=isolation)
+        self.sandbox = Sandbox(threads=threads, isolation=isolation, exclusive_wait_s=exclusive_wait_s)
         self.dir = self.sandbox.dir
         self.threads = threads
         self.guard = os.urandom(GUARD_BYTES)

@@ -127,6 +127,9 @@ class BenchmarkReport(BaseModel):
     ci_high: float = Field(description="Upper end of the joint bootstrap 95% interval of speedup.")
     shapes: list[ShapeTiming] = Field(default_factory=list, description="Per-shape timings.")
     threads: int = Field(default=1, description="Cores the candidate and the reference were pinned to.")
+    cpus_exclusive: bool = Field(
+        default=True, description="False when another sandbox on this machine shared those cores during timing."
+    )
     revalidated: bool = Field(
         default=False, description="True when the candidate passed validation again after being timed."
     )

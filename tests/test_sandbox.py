@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sandbox import Isolation, Sandbox, SandboxLimits, SandboxOutcome, isolation_support
+from engine.sandbox import CpuLease, Isolation, Sandbox, SandboxLimits, SandboxOutcome, isolation_support
 
 NAMESPACES = isolation_support().isolation == Isolation.namespaces
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="unshare(1) namespaces unavailable here")
@@ -193,3 +193,21 @@ def test_no_capabilities_and_own_process_view() -> None:
     output, _ = run_python(code)
     assert "capeff 0000000000000000" in output
     assert "pids [1, 2]" in output  # the sandbox's init and this process: nothing of the host
+
+
+def test_cpu_leases_keep_sandboxes_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CpuLease, "DIRECTORY", tmp_path)  # not the machine's: other runs may hold those
+    cpus = len(os.sched_getaffinity(0))
+    leases = [CpuLease(1) for _ in range(cpus)]
+    try:
+        assert all(lease.exclusive for lease in leases)
+        assert len({lease.cpus[0] for lease in leases}) == cpus  # one CPU each
+        crowded = CpuLease(1)
+        assert not crowded.exclusive and len(crowded.cpus) == 1  # none free: shares, and says so
+        crowded.release()
+    finally:
+        for lease in leases:
+            lease.release()
+    again = CpuLease(1)
+    assert again.exclusive
+    again.release()
