@@ -22,15 +22,11 @@ def template_space(problem: Problem) -> list[dict[str, Any]]:
     return [s for s in settings if problem.template_allows(s)]
 
 
-def template_candidate(
-    problem: Problem, params: dict[str, Any], flags: list[str] | None, **lineage: Any
-) -> Candidate:
+def template_candidate(problem: Problem, params: dict[str, Any], flags: list[str] | None, **lineage: Any) -> Candidate:
     """The candidate a template setting renders to, tagged with its parameter values."""
     label = "template " + " ".join(f"{k}={v}" for k, v in sorted(params.items()))
     tags = [f"{k}={v}" for k, v in sorted(params.items())]
-    return Candidate.create(
-        problem.render_template(params), flags, label=label, params=params, tags=tags, **lineage
-    )
+    return Candidate.create(problem.render_template(params), flags, label=label, params=params, tags=tags, **lineage)
 
 
 class RandomTemplateProposer:
