@@ -29,10 +29,13 @@ from engine.hardware import cpu_target, hardware_fingerprint
 from engine.lessons import lessons_for
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for
+from engine.proposers.failures import recent_failures_from_events
+from engine.proposers.outcomes import propose_batch
 from engine.search.candidates import Candidate
 from engine.search.history import load_search_history, stream_of
 from engine.search.steps import (
     ProposeInput,
+    ProposeOutput,
     RecordInput,
     StartInput,
     StartOutput,
@@ -119,19 +122,21 @@ class SearchActivities:
         return output
 
     @activity.defn(name="kf.propose")
-    async def propose(self, request: ProposeInput) -> list[Candidate]:
-        """Ask the proposer agents for a generation's candidates; record them with their lineage."""
+    async def propose(self, request: ProposeInput) -> ProposeOutput:
+        """Ask the proposer agents for a generation's candidates; record them with their lineage, and every
+        LLM call and failed proposal, in one append (a retried round finds it recorded and never pays twice)."""
         problem = self._problem(request.spec.problem)
         try:
-            proposer = proposer_for(request.spec.proposer.kind)
+            proposer = proposer_for(request.spec.proposer.kind, models=request.spec.proposer.models)
         except UserError as error:
             raise non_retryable(error) from None
         recorded = await self._recorded_proposal(request)
         if recorded is not None:
             return recorded
         # Lessons of every search so far (this one's earlier generations included): priors for the search
-        # proposer, the summary for LLM prompts.
+        # proposer, the summary for LLM prompts. Recent failures are for the fixer.
         lessons = await lessons_for(self.store, request.spec.problem, request.target)
+        own_events = await self.store.read_stream(stream_of(request.search_id))
         context = ProposalContext(
             search_id=request.search_id,
             problem=request.spec.problem,
@@ -145,8 +150,19 @@ class SearchActivities:
             flags=request.spec.flags,
             lessons=lessons.model_dump(mode="json"),
             lessons_summary=lessons.summary,
+            models=request.spec.proposer.models,
+            incumbent_evidence=request.incumbent_evidence,
+            recent_failures=recent_failures_from_events(own_events),
+            llm_spent_usd=request.llm_spent_usd,
+            llm_budget_usd=request.spec.budget.max_llm_usd,
         )
-        candidates = await asyncio.to_thread(proposer.propose, problem, context)
+        batch = await asyncio.to_thread(propose_batch, proposer, problem, context)
+        output = ProposeOutput(
+            candidates=batch.candidates,
+            spent_usd=batch.spent_usd,
+            budget_exhausted=batch.budget_exhausted,
+            stop_reason=batch.stop_reason,
+        )
         prefix = f"{request.search_id}/g{request.generation}"
         events = [
             self._event(
@@ -157,7 +173,10 @@ class SearchActivities:
                     "proposer": proposer.name,
                     "hints": request.spec.hints,
                     "incumbent_id": request.incumbent.candidate_id if request.incumbent else None,
-                    "candidate_ids": [c.candidate_id for c in candidates],
+                    "candidate_ids": [c.candidate_id for c in batch.candidates],
+                    "spent_usd": output.spent_usd,
+                    "budget_exhausted": output.budget_exhausted,
+                    "stop_reason": output.stop_reason,
                 },
             )
         ]
@@ -167,10 +186,11 @@ class SearchActivities:
                 "candidate.proposed",
                 {"generation": request.generation, "candidate": c.model_dump(mode="json")},
             )
-            for c in candidates
+            for c in batch.candidates
         ]
+        events += [self._event(i, t, p) for i, t, p in batch.outcome_events(request.search_id, request.generation)]
         await self._append_events(request.search_id, events)
-        return candidates
+        return output
 
     @activity.defn(name="kf.record")
     async def record(self, fact: RecordInput) -> None:
@@ -329,7 +349,7 @@ class SearchActivities:
         output = StepOutput.model_validate(payload["output"])
         return output.model_copy(update={"reused": True})
 
-    async def _recorded_proposal(self, request: ProposeInput) -> list[Candidate] | None:
+    async def _recorded_proposal(self, request: ProposeInput) -> ProposeOutput | None:
         """The candidates a retried proposal already recorded: proposers read lessons (and models) that
         may have moved on since, and the same event ids must never be sent with other content."""
         recorded = await recorded_payload(self.store, f"{request.search_id}/g{request.generation}/proposed")
@@ -340,7 +360,12 @@ class SearchActivities:
         ]
         rows = await self.store.pool.fetch("SELECT event_id, payload FROM events WHERE event_id = ANY($1)", ids)
         by_id = {row["event_id"]: row["payload"]["candidate"] for row in rows}
-        return [Candidate.model_validate(by_id[i]) for i in ids]
+        return ProposeOutput(
+            candidates=[Candidate.model_validate(by_id[i]) for i in ids],
+            spent_usd=float(recorded.get("spent_usd", 0.0)),
+            budget_exhausted=bool(recorded.get("budget_exhausted", False)),
+            stop_reason=str(recorded.get("stop_reason", "")),
+        )
 
     async def _reuse(self, step: StepInput, event_id: str, kind: Literal["compile", "validation"]) -> StepOutput | None:
         """The outcome an earlier search recorded for this candidate on this target and problem definition

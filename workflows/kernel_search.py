@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from engine.search.steps import (
         ProposeInput,
+        ProposeOutput,
         RecordInput,
         StartInput,
         StartOutput,
@@ -67,6 +68,8 @@ class KernelSearch:
         # The seed candidate of generation 0, and every candidate seen in this run, by id (for promotion).
         self._seed: Candidate | None = None
         self._proposed: dict[str, Candidate] = {}
+        # Set when a generation proposes nothing new; the search then ends.
+        self._exhausted: str | None = None
 
     # -- entry -----------------------------------------------------------------------------------------
 
@@ -137,7 +140,8 @@ class KernelSearch:
             count = min(spec.candidates_per_generation, self._candidates_left())
             if count <= 0:
                 return
-            candidates = await self._control(
+            inc = state.incumbent
+            proposal: ProposeOutput = await self._control(
                 "kf.propose",
                 ProposeInput(
                     search_id=state.search_id,
@@ -145,11 +149,32 @@ class KernelSearch:
                     target=self._target_name(),
                     generation=state.generation,
                     count=count,
-                    incumbent=state.incumbent.candidate if state.incumbent else None,
+                    incumbent=inc.candidate if inc else None,
                     seen=list(state.evaluated),
+                    incumbent_evidence=(
+                        {
+                            "speedup": inc.speedup,
+                            "ci_low": inc.ci_low,
+                            "ci_high": inc.ci_high,
+                            "generation": inc.generation,
+                        }
+                        if inc
+                        else {}
+                    ),
+                    llm_spent_usd=state.llm_spend_usd,
                 ),
-                list[Candidate],
+                ProposeOutput,
+                # LLM proposers may wait out rate limits and slow models; offline proposers take seconds.
+                minutes=30,
             )
+            state.llm_spend_usd += proposal.spent_usd
+            candidates = proposal.candidates
+            for candidate in candidates:
+                self._proposed[candidate.candidate_id] = candidate
+            if not candidates:
+                # Nothing new to try: the template space is exhausted or the LLM budget stopped the models.
+                self._exhausted = proposal.stop_reason or "the proposers have nothing new to propose"
+                return
         limit = asyncio.Semaphore(spec.parallelism)
 
         async def bounded(candidate: Candidate) -> CandidateOutcome | None:
@@ -270,14 +295,14 @@ class KernelSearch:
 
     # -- activities ----------------------------------------------------------------------------------------
 
-    async def _control(self, name: str, arg: Any, result_type: Any) -> Any:
+    async def _control(self, name: str, arg: Any, result_type: Any, minutes: int = 10) -> Any:
         spec = self._require_state().spec
         try:
             result = await workflow.execute_activity(
                 name,
                 arg,
                 task_queue=control_queue(spec.task_queue_prefix),
-                start_to_close_timeout=timedelta(minutes=10),
+                start_to_close_timeout=timedelta(minutes=minutes),
                 retry_policy=CONTROL_RETRY,
                 result_type=result_type,
             )
@@ -288,10 +313,6 @@ class KernelSearch:
             if isinstance(cause, ApplicationError) and cause.non_retryable:
                 raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
             raise
-        if isinstance(result, list):
-            for candidate in result:
-                if isinstance(candidate, Candidate):
-                    self._proposed[candidate.candidate_id] = candidate
         return result
 
     async def _hardware(self, name: str, step: StepInput, minutes: int) -> StepOutput:
@@ -361,12 +382,15 @@ class KernelSearch:
     def _should_end(self) -> bool:
         state = self._require_state()
         over_budget = state.generation > 0 and self._candidates_left() <= 0
-        return state.stop_requested or over_budget or self._out_of_time()
+        return state.stop_requested or over_budget or self._out_of_time() or self._exhausted is not None
 
     def _final_status(self) -> str:
         state = self._require_state()
         if state.stop_requested:
             return "stopped"
+        if self._exhausted is not None:
+            workflow.logger.info("search %s ends early: %s", state.search_id, self._exhausted)
+            return "exhausted"
         if state.generation <= state.spec.generations:
             return "budget_exhausted"
         return "completed"

@@ -83,7 +83,7 @@ class SearchState(BaseModel):
     promotions: list[dict[str, Any]] = Field(default_factory=list)
     """Every promotion: generation, candidate id, label, speedup and interval."""
     status: str = "running"
-    """running, paused, completed, stopped, budget_exhausted."""
+    """running, paused, completed, stopped, budget_exhausted, exhausted (nothing new to propose)."""
 
     @property
     def stream_id(self) -> str:
@@ -106,7 +106,7 @@ class SearchStatus(BaseModel):
     target_queue: str | None
     """The hardware task queue serving it."""
     status: str
-    """running, paused, completed, stopped, budget_exhausted."""
+    """running, paused, completed, stopped, budget_exhausted, exhausted (nothing new to propose)."""
     generation: int
     """The generation now running (or the last one)."""
     generations: int
@@ -133,7 +133,7 @@ class SearchResult(BaseModel):
     search_id: str
     """The search (workflow) id."""
     status: str
-    """completed, stopped or budget_exhausted."""
+    """completed, stopped, budget_exhausted or exhausted (nothing new to propose)."""
     best_speedup: float | None
     """The incumbent's speedup over numpy."""
     best_ci_low: float | None

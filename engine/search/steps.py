@@ -71,6 +71,23 @@ class ProposeInput(BaseModel):
     """The incumbent candidate."""
     seen: list[str]
     """Candidate ids never to propose again."""
+    incumbent_evidence: dict[str, Any] = Field(default_factory=dict)
+    """The incumbent's figures (speedup over numpy, interval, generation) for LLM prompts."""
+    llm_spent_usd: float = 0.0
+    """What the search has spent on LLM calls so far."""
+
+
+class ProposeOutput(BaseModel):
+    """A generation's proposal round."""
+
+    candidates: list[Candidate] = Field(default_factory=list)
+    """New candidates, none already seen."""
+    spent_usd: float = 0.0
+    """LLM spend of this round."""
+    budget_exhausted: bool = False
+    """True when the LLM budget stopped a proposal from being sent."""
+    stop_reason: str = ""
+    """Why proposals stopped early, in words."""
 
 
 class StepInput(BaseModel):
