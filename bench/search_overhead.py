@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -74,12 +75,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
         url = server.get_uri()
         await migrate(url)
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=str(temporal_binary()),
-            search_attributes=[PROBLEM_ATTR, TARGET_ATTR, GENERATION_ATTR, BEST_SPEEDUP_ATTR],
-            data_converter=pydantic_data_converter,
-            dev_server_log_level="error",
-        )
+        # The dev server prints a banner on its stdout; hand it our stderr so --json output stays JSON.
+        saved_stdout = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            env = await WorkflowEnvironment.start_local(
+                dev_server_existing_path=str(temporal_binary()),
+                search_attributes=[PROBLEM_ATTR, TARGET_ATTR, GENERATION_ATTR, BEST_SPEEDUP_ATTR],
+                data_converter=pydantic_data_converter,
+                dev_server_log_level="error",
+            )
+        finally:
+            os.dup2(saved_stdout, 1)
+            os.close(saved_stdout)
         store = await EventStore.connect(url)
         try:
             trivial = await run_search(
