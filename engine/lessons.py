@@ -3,8 +3,9 @@ proposers use it.
 
 ``lessons_for(store, problem, target)`` catches the lessons projection up (engine/lessons_projection.py)
 and reads its rows for the problem's whole family on that target. Evidence on the problem itself counts
-fully; evidence on the other problems of its family counts FAMILY_WEIGHT as much (transfer: rmsnorm may
-learn from softmax through shared parameter names such as ``SIMD=1``). It returns:
+fully; evidence on the other problems of its family counts FAMILY_WEIGHT as much, and at most
+FAMILY_MAX_WEIGHT candidates' worth per change (transfer: rmsnorm may learn from softmax through shared
+parameter names such as ``SIMD=1``, as a hint that its own evidence soon outweighs). It returns:
 
 - ``summary``: at most SUMMARY_LINES lines for prompts and people, whatever the size of the history;
 - ``priors``: per change, Beta posteriors (correct, beats its parent) and the mean and variance of the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import asyncpg
@@ -30,6 +31,10 @@ from engine.projections import checkpoint_of
 
 FAMILY_WEIGHT = 0.5
 """How much a candidate of another problem of the family counts, relative to one of the problem itself."""
+
+FAMILY_MAX_WEIGHT = 3.0
+"""Most weight the other problems of the family carry for one change, however much they tried it: what
+held on softmax is a hint for rmsnorm, never a certainty its own few measurements cannot overturn."""
 
 DEAD_END_ATTEMPTS = 3
 """A change that never compiled (or was never correct) in this many attempts is a dead end."""
@@ -85,7 +90,8 @@ class ChangePrior(BaseModel):
     change: str
     """The change."""
     evidence: float
-    """Weighted number of candidates behind it (own problem 1 each, family FAMILY_WEIGHT each)."""
+    """Weighted number of candidates behind it (own problem 1 each, family FAMILY_WEIGHT each, at most
+    FAMILY_MAX_WEIGHT in all)."""
     correct_alpha: float
     """Beta posterior of P(correct | tried), from a Beta(1, 1) prior: 1 + weighted successes."""
     correct_beta: float
@@ -288,8 +294,12 @@ def build_lessons(
     return lessons
 
 
-def _weighted(own: _Row | None, others: Iterable[_Row]) -> list[tuple[float, _Row]]:
-    return ([(1.0, own)] if own else []) + [(FAMILY_WEIGHT, r) for r in others]
+def _weighted(own: _Row | None, others: Sequence[_Row]) -> list[tuple[float, _Row]]:
+    """Each row with its weight: 1 for the problem's own, FAMILY_WEIGHT for the family's, scaled down so
+    the family's rows weigh at most FAMILY_MAX_WEIGHT candidates together."""
+    tried = sum(r.attempts for r in others)
+    family = min(FAMILY_WEIGHT, FAMILY_MAX_WEIGHT / tried) if tried else FAMILY_WEIGHT
+    return ([(1.0, own)] if own else []) + [(family, r) for r in others]
 
 
 def _prior(name: str, own: _Row | None, others: list[_Row], centres: dict[str, float]) -> ChangePrior:

@@ -11,7 +11,7 @@ from lessons_fixtures import TARGET, SyntheticSearch, record_random_search
 from engine.events import NewEvent
 from engine.eventstore import EventStore
 from engine.evidence_index import recorded_evidence
-from engine.lessons import SUMMARY_LINES, lessons_for
+from engine.lessons import FAMILY_MAX_WEIGHT, SUMMARY_LINES, lessons_for
 from engine.lessons_projection import (
     PROJECTION,
     apply_events,
@@ -106,9 +106,10 @@ async def test_rmsnorm_learns_from_softmax_through_the_family(store: EventStore)
     lessons = await lessons_for(store, "rmsnorm", TARGET)
     assert lessons.candidates == 0 and lessons.family_candidates > 0
     simd = lessons.priors["SIMD=1"]
-    # Family evidence counts half as much as the problem's own.
+    # Family evidence counts half as much as the problem's own, and a few candidates' worth at most.
     own = (await lessons_for(store, "softmax", TARGET)).priors["SIMD=1"]
-    assert simd.evidence == pytest.approx(own.evidence / 2)
+    assert simd.evidence == pytest.approx(min(own.evidence / 2, FAMILY_MAX_WEIGHT))
+    assert simd.log_advantage_mean == pytest.approx(own.log_advantage_mean)
     assert next(c for c in lessons.changes if c.change == "SIMD=1").scope == "family"
     assert "other problems of the family" in lessons.summary
 
