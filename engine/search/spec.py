@@ -16,8 +16,9 @@ class ProposerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: ProposerKind = "random"
-    """`random`: draws from the problem's template parameters; `search`/`llm`/`mixed`: see the proposers."""
+    kind: ProposerKind = "search"
+    """`search` (the offline default): explores the template space with lessons as priors; `random`: uniform
+    draws from it (the control); `llm`: LLM roles through litellm; `mixed`: both in one generation."""
     models: list[str] = Field(default_factory=list)
     """litellm model names for LLM proposers (e.g. `openai/gpt-4o`); empty means `KF_MODELS`."""
 
