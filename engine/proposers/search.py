@@ -15,6 +15,8 @@ so the search exploits and explores in proportion to what it does not know.
   (never compiled or never correct) is proposed only when nothing else is left.
 - Exploitation around the incumbent: every other pick (the first included) is taken among the incumbent's
   neighbours, the settings that change one or two of its parameters; the others from the whole space.
+- A hedge: every fourth pick is uniform over the settings that are not dead ends, because a sum of main
+  effects misses parameters that only pay together, and the search must still stumble on those.
 
 Randomness derives from (seed, generation), so the same context proposes the same candidates; a candidate
 in ``context.seen`` is never proposed.
@@ -49,6 +51,9 @@ DEAD_END_PENALTY = 25.0
 
 NEIGHBOURHOOD = 2
 """Most parameters an exploiting pick changes relative to the incumbent."""
+
+UNIFORM_EVERY = 4
+"""Every fourth pick is uniform among the settings that are not dead ends (a hedge against the model)."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +143,20 @@ class SearchProposer:
             effect = {v: b.mean + b.sd * float(rng.standard_normal()) for v, b in beliefs.items()}
             correct = {v: math.log(max(float(rng.beta(b.alpha, b.beta)), 1e-12)) for v, b in beliefs.items()}
             scored = [(self._score(o.params, effect, correct, beliefs), i) for i, o in enumerate(pool)]
-            score, best = max(scored, key=lambda t: (t[0], -t[1]))
+            if index % UNIFORM_EVERY == UNIFORM_EVERY - 1:
+                # The model adds up main effects; parameters that only pay together (non-temporal stores
+                # with the two-pass variant) escape it. A uniform pick among the settings that are not dead
+                # ends keeps sampling what the model would never rank first.
+                alive = [t for t in scored if t[0] > -DEAD_END_PENALTY / 2] or scored
+                score, best = alive[int(rng.integers(len(alive)))]
+                exploit = False
+                mode = "uniform"
+            else:
+                score, best = max(scored, key=lambda t: (t[0], -t[1]))
+                mode = "exploit" if exploit else "explore"
             chosen = pool[best]
             fresh.remove(chosen)
-            rationale = self._rationale(chosen.params, incumbent, exploit, score, beliefs)
+            rationale = self._rationale(chosen.params, incumbent, mode, score, beliefs)
             picks.append(chosen.candidate.model_copy(update={"rationale": rationale}))
         return picks
 
@@ -161,16 +176,18 @@ class SearchProposer:
     def _rationale(
         params: dict[str, Any],
         incumbent: dict[str, Any] | None,
-        exploit: bool,
+        mode: str,
         score: float,
         beliefs: dict[str, _Belief],
     ) -> str:
         informed = sum(b.evidence > 0 for b in beliefs.values())
         source = f"lessons on {informed} of {len(beliefs)} values" if informed else "no lessons yet"
-        if exploit and incumbent is not None:
+        if mode == "exploit" and incumbent is not None:
             moves = ", ".join(f"{k} {incumbent.get(k)}→{v}" for k, v in sorted(params.items()) if incumbent.get(k) != v)
             return f"exploit: the incumbent with {moves}; Thompson draw {score:+.2f} ({source})"
         setting = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+        if mode == "uniform":
+            return f"explore: a uniform pick, {setting}, beyond what the main-effect model ranks first ({source})"
         return f"explore: Thompson draw over the template space chose {setting} ({score:+.2f}; {source})"
 
 
