@@ -169,6 +169,7 @@ def aa_runs(cache: Path, runs: int, budget: float) -> dict[str, Any]:
         "aa_coverage": sum(r["covers"] for r in rows) / len(rows),
         "aa_halfwidth_median": statistics.median(r["halfwidth"] for r in rows),
         "aa_speedup_range": [min(r["speedup"] for r in rows), max(r["speedup"] for r in rows)],
+        "aa_detail": rows,
     }
 
 
