@@ -17,50 +17,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import pgserver
+from local_stack import local_postgres, local_temporal, run_search
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
-from activities.worker import build_workers
 from engine.eventstore import EventStore
 from engine.migrations import migrate
 from engine.search.history import stream_of
-from engine.search.state import SearchResult
-from engine.services import temporal_binary
-from workflows.kernel_search import BEST_SPEEDUP_ATTR, GENERATION_ATTR, PROBLEM_ATTR, TARGET_ATTR
 
 COPY_PROBLEM = Path(__file__).resolve().parent / "problems" / "copy"
 
 
-async def run_search(client: Client, store: EventStore, spec: dict[str, Any]) -> dict[str, Any]:
-    prefix = f"bench-{uuid.uuid4().hex[:6]}"
-    async with contextlib.AsyncExitStack() as stack:
-        for worker in build_workers(client, store, prefix=prefix):
-            await stack.enter_async_context(worker)
-        began = time.perf_counter()
-        handle = await client.start_workflow(
-            "KernelSearch",
-            {**spec, "task_queue_prefix": prefix, "parallelism": 1},
-            id=f"search-bench-{uuid.uuid4().hex[:8]}",
-            task_queue=f"{prefix}-control",
-            result_type=SearchResult,
-        )
-        result = await handle.result()
-        wall = time.perf_counter() - began
-    events = await store.read_stream(stream_of(handle.id))
+async def measure(client: Client, store: EventStore, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run a search with parallelism 1 and split its wall time into engine work and orchestration."""
+    search_id, result, wall = await run_search(client, store, {**spec, "parallelism": 1})
+    events = await store.read_stream(stream_of(search_id))
     engine = sum(float(e.payload["output"].get("engine_seconds", 0.0)) for e in events if "output" in e.payload)
     return {
-        "search_id": handle.id,
+        "search_id": search_id,
         "candidates": result.candidates_done,
         "wall_s": wall,
         "engine_s": engine,
@@ -71,48 +49,29 @@ async def run_search(client: Client, store: EventStore, spec: dict[str, Any]) ->
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
-        url = server.get_uri()
+    with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp, local_postgres(Path(tmp) / "pg") as url:
         await migrate(url)
-        # The dev server prints a banner on its stdout; hand it our stderr so --json output stays JSON.
-        saved_stdout = os.dup(1)
-        os.dup2(2, 1)
-        try:
-            env = await WorkflowEnvironment.start_local(
-                dev_server_existing_path=str(temporal_binary()),
-                search_attributes=[PROBLEM_ATTR, TARGET_ATTR, GENERATION_ATTR, BEST_SPEEDUP_ATTR],
-                data_converter=pydantic_data_converter,
-                dev_server_log_level="error",
-            )
-        finally:
-            os.dup2(saved_stdout, 1)
-            os.close(saved_stdout)
-        store = await EventStore.connect(url)
-        try:
-            trivial = await run_search(
-                env.client,
-                store,
-                {
-                    "problem": str(COPY_PROBLEM),
-                    "generations": 1,
-                    "candidates_per_generation": args.candidates - 1,
-                    "benchmark_seconds": 0.05,
-                },
-            )
-            softmax = await run_search(
-                env.client,
-                store,
-                {
-                    "problem": "softmax",
-                    "generations": args.softmax_generations,
-                    "candidates_per_generation": 4,
-                },
-            )
-        finally:
-            await store.close()
-            await env.shutdown()
-            server.cleanup()
+        async with local_temporal() as env:
+            store = await EventStore.connect(url)
+            try:
+                trivial = await measure(
+                    env.client,
+                    store,
+                    {
+                        "problem": str(COPY_PROBLEM),
+                        "generations": 1,
+                        "candidates_per_generation": args.candidates - 1,
+                        "proposer": {"kind": "random"},
+                        "benchmark_seconds": 0.05,
+                    },
+                )
+                softmax = await measure(
+                    env.client,
+                    store,
+                    {"problem": "softmax", "generations": args.softmax_generations, "candidates_per_generation": 4},
+                )
+            finally:
+                await store.close()
     return {
         "overhead_ms_per_candidate": 1000 * trivial["overhead_s"] / trivial["candidates"],
         "overhead_share": softmax["overhead_s"] / softmax["wall_s"],

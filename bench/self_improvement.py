@@ -31,59 +31,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-import pgserver
+from local_stack import local_postgres, local_temporal
+from local_stack import run_search as run_to_end
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
-from activities.worker import build_workers
 from engine.benchmarking import Reference, benchmark_artifact
 from engine.eventstore import EventStore
 from engine.lessons import lessons_for
 from engine.migrations import migrate
 from engine.problems import load_problem
 from engine.search.history import stream_of
-from engine.search.state import SearchResult
-from engine.services import temporal_binary
-from workflows.kernel_search import BEST_SPEEDUP_ATTR, GENERATION_ATTR, PROBLEM_ATTR, TARGET_ATTR
 
 PROBLEMS = ("softmax", "rmsnorm")
 
 
 async def run_search(client: Client, store: EventStore, spec: dict[str, Any]) -> dict[str, Any]:
     """One KernelSearch to its end; its trajectory (evaluation order, verdicts, speedups) from the log."""
-    prefix = f"bench-{uuid.uuid4().hex[:6]}"
-    async with contextlib.AsyncExitStack() as stack:
-        for worker in build_workers(client, store, prefix=prefix):
-            await stack.enter_async_context(worker)
-        began = time.perf_counter()
-        handle = await client.start_workflow(
-            "KernelSearch",
-            {**spec, "task_queue_prefix": prefix},
-            id=f"search-bench-{spec['problem']}-{uuid.uuid4().hex[:8]}",
-            task_queue=f"{prefix}-control",
-            result_type=SearchResult,
-        )
-        result = await handle.result()
-        wall = time.perf_counter() - began
-    events = await store.read_stream(stream_of(handle.id))
+    search_id, result, wall = await run_to_end(client, store, spec)
+    events = await store.read_stream(stream_of(search_id))
     return {
-        "search_id": handle.id,
+        "search_id": search_id,
         "problem": spec["problem"],
         "proposer": spec["proposer"]["kind"],
         "seed": spec["seed"],
@@ -271,41 +250,14 @@ def median_or_none(values: list[Any]) -> Any:
     return statistics.median(known)
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Point file descriptor 1 at stderr meanwhile: child processes started now inherit it."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-async def start_temporal() -> WorkflowEnvironment:
-    return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(temporal_binary()),
-        search_attributes=[PROBLEM_ATTR, TARGET_ATTR, GENERATION_ATTR, BEST_SPEEDUP_ATTR],
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )
-
-
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
         # A private artifact cache: the cold searches really compile.
         os.environ["KF_HOME"] = str(Path(tmp) / "home")
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
-        with _stdout_to_stderr():  # the dev server prints a banner; stdout is for the figures
-            env = await start_temporal()
-        try:
-            reps = [await repetition(env.client, server.get_uri(), args, rep) for rep in range(args.repeats)]
-        finally:
-            await env.shutdown()
-            server.cleanup()
+        with local_postgres(Path(tmp) / "pg") as url:
+            async with local_temporal() as env:
+                reps = [await repetition(env.client, url, args, rep) for rep in range(args.repeats)]
     keys = FIGURE_KEYS
     figures: dict[str, Any] = {
         key: {p: median_or_none([r[key].get(p) for r in reps]) for p in PROBLEMS if any(p in r[key] for r in reps)}
