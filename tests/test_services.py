@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,9 +33,21 @@ TEMPORAL = str(services.temporal_binary())
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A free port below Linux's ephemeral range (32768-60999).
+
+    A port the kernel hands out for port 0 comes from the ephemeral range, where the dev server's own
+    internal listeners and every outgoing connection also draw theirs: between this probe and `kf up`
+    binding it, the port could be taken (seen as a flaky "address already in use" on the UI port)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000")
 
 
 @dataclass
