@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from engine.search.spec import SearchSpec, control_queue
@@ -63,11 +63,6 @@ async def send_update(client: Client, search_id: str, name: str, arg: Any = None
 async def search_result(client: Client, search_id: str) -> SearchResult:
     """Wait for a search to finish and return its result."""
     return await client.get_workflow_handle(search_id, result_type=SearchResult).result()
-
-
-async def is_running(client: Client, search_id: str) -> bool:
-    description = await client.get_workflow_handle(search_id).describe()
-    return description.status == WorkflowExecutionStatus.RUNNING
 
 
 async def list_searches(client: Client, limit: int = 50) -> list[dict[str, Any]]:

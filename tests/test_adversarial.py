@@ -9,7 +9,6 @@ parent's secrets stayed out of the sandbox.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import socket
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_table import survivors
 
 from engine.benchmarking import Reference, benchmark_artifact
 from engine.cpu_backend import DEFAULT_FLAGS, compile_source
@@ -163,19 +163,6 @@ def test_no_connection_leaves_the_sandbox(cache: Path) -> None:
         assert report.verdict == Verdict.ok, report.message
         with pytest.raises(BlockingIOError):
             listener.accept()
-
-
-def survivors(token: str) -> list[int]:
-    """Processes on this machine whose name carries ``token`` (set by the corpus with PR_SET_NAME)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if token in Path(entry.path, "comm").read_text():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def wait_for_no_survivors(token: str, seconds: float = 2.0) -> list[int]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_table import survivors
 
 from engine.sandbox import CpuLease, Isolation, Sandbox, SandboxLimits, SandboxOutcome, isolation_support
 
@@ -87,18 +88,6 @@ def test_watch_can_stop_a_run() -> None:
             watch=lambda: "stop: seen enough",
         )
     assert outcome.killed == "stop: seen enough"
-
-
-def survivors(token: str) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if token in Path(entry.path, "comm").read_text():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 DAEMON = """

@@ -257,7 +257,7 @@ class KernelSearch:
             )
         if chosen is None or chosen.artifact_id is None or chosen.speedup is None:
             return
-        candidate = await self._candidate_by_id(chosen.candidate_id)
+        candidate = self._candidate_by_id(chosen.candidate_id)
         previous = state.incumbent.candidate.candidate_id if state.incumbent else None
         state.incumbent = Incumbent(
             candidate=candidate,
@@ -285,7 +285,7 @@ class KernelSearch:
             {**promotion, "incumbent": state.incumbent.model_dump(mode="json")},
         )
 
-    async def _candidate_by_id(self, candidate_id: str) -> Candidate:
+    def _candidate_by_id(self, candidate_id: str) -> Candidate:
         # The candidates of the running generation are held by gather's closures; keep a lookup instead of
         # threading the full candidate through every outcome.
         found = self._proposed.get(candidate_id)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
 from pydantic import ValidationError
 
+from engine.config import temporal_namespace
 from engine.connections import database_url
 from engine.errors import UserError
 from engine.search.spec import SearchSpec
@@ -133,10 +135,6 @@ def spec_from_args(args: argparse.Namespace) -> SearchSpec:
 
 def ui_url(search_id: str | None = None) -> str:
     """The Temporal Web UI address (of a search's page, when given)."""
-    import os
-
-    from engine.config import temporal_namespace
-
     base = os.environ.get("KF_TEMPORAL_UI_URL") or _embedded_ui_url() or UI_URL_DEFAULT
     if search_id is None:
         return base
