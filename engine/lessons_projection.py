@@ -1,4 +1,5 @@
-"""The lessons projection: folds search events into the lesson tables of migrations/0003_lessons.sql.
+"""The lessons projection: folds search events into the lesson tables of migrations/0003_lessons.sql and
+0004_lesson_settings.sql.
 
 It reads the log after its checkpoint in pages; each page is folded and committed together with the
 checkpoint (``store.projection("lessons")``), so a crash never applies an event twice or skips one, and
@@ -16,6 +17,11 @@ What it keeps, per (problem family, problem, target, change), where a change is 
 - speedup over the numpy baseline: ln(speedup) of each benchmark, for every change the candidate carries.
   lessons_for centres these per problem, which makes them comparable across a family.
 - failure patterns: compile error categories, failing validation checks and shapes, benchmark verdicts.
+
+And per (problem family, problem, target, template setting), in ``lesson_settings``: the setting's
+parameter values and ln(speedup over numpy) of each of its benchmarks with verdict ok. Per-change rows
+only show marginal effects; these let the search proposer fit a model with interactions (values that pay
+only together). Hand-written candidates (no parameters) have no setting row.
 
 Samples are kept in the view, the most recent LESSON_SAMPLES per row, so medians are exact and a rebuild
 is identical. The same fold also keeps ``candidate_evidence``: the first compile and validation outcome of
@@ -48,11 +54,19 @@ PAGE_SIZE = 500
 ALL = "*"
 """The change that stands for every candidate of a problem."""
 
-_VIEW_TABLES = ("lesson_searches", "lesson_candidates", "lesson_stats", "lesson_failures", "candidate_evidence")
+_VIEW_TABLES = (
+    "lesson_searches",
+    "lesson_candidates",
+    "lesson_stats",
+    "lesson_failures",
+    "candidate_evidence",
+    "lesson_settings",
+)
 
 StatsKey = tuple[str, str, str, str]
 FailureKey = tuple[str, str, str, str, str, str]
 EvidenceKey = tuple[str, str, str]
+SettingKey = tuple[str, str, str, str]
 
 
 def change_of(name: str, value: Any) -> str:
@@ -146,6 +160,13 @@ class _Failure:
 
 
 @dataclass
+class _Setting:
+    params: dict[str, Any]
+    log_speedup_samples: list[float] = field(default_factory=list)
+    last_position: int = 0
+
+
+@dataclass
 class _Evidence:
     problem: str
     stream_id: str
@@ -173,9 +194,11 @@ class _Fold:
         self.failures: dict[FailureKey, _Failure] = {}
         self.loaded_problems: set[tuple[str, str, str]] = set()
         self.evidence: dict[EvidenceKey, _Evidence | None] = {}
+        self.settings: dict[SettingKey, _Setting | None] = {}
         self.dirty_stats: set[StatsKey] = set()
         self.dirty_failures: set[FailureKey] = set()
         self.dirty_evidence: set[EvidenceKey] = set()
+        self.dirty_settings: set[SettingKey] = set()
 
     async def apply(self, event: RecordedEvent) -> None:
         handler = _HANDLERS.get(event.type)
@@ -288,12 +311,15 @@ class _Fold:
             self.failure(search, changes, "benchmark", verdict, _benchmark_message(body, output), event.position)
             return
         speedup = _positive(output.get("speedup"))
+        candidate = (await self.stream_candidates(event.stream_id)).get(candidate_id)
         if speedup is not None:
             for change in changes:
                 stats = self.stats_row(search, change, event.position)
                 stats.log_speedup_samples = _bounded(stats.log_speedup_samples, math.log(speedup))
+            if candidate is not None and candidate.params:
+                setting = await self.setting_row(search, candidate_id, candidate.params, event.position)
+                setting.log_speedup_samples = _bounded(setting.log_speedup_samples, math.log(speedup))
         ratio = _positive(output.get("ratio"))
-        candidate = (await self.stream_candidates(event.stream_id)).get(candidate_id)
         if ratio is None or candidate is None or candidate.parent_id is None or not _timed_against_parent(event):
             return
         beats = (_positive(output.get("ratio_ci_low")) or 0.0) > 1.0
@@ -388,6 +414,29 @@ class _Fold:
             key = (*triple, row["change"], row["kind"], row["pattern"])
             self.failures[key] = _Failure(row["count"], row["example"], row["last_position"])
 
+    async def setting_row(self, search: _Search, candidate_id: str, params: dict[str, Any], position: int) -> _Setting:
+        """The setting's row (read once per page), marked to be written back."""
+        key = (search.family, search.problem, search.target, candidate_id)
+        if key not in self.settings:
+            row = await self.connection.fetchrow(
+                "SELECT params, log_speedup_samples, last_position FROM lesson_settings "
+                "WHERE family = $1 AND problem = $2 AND target = $3 AND candidate_id = $4",
+                *key,
+            )
+            self.settings[key] = (
+                None
+                if row is None
+                else _Setting(_params_of(row["params"]), list(row["log_speedup_samples"]), row["last_position"])
+            )
+        setting = self.settings[key]
+        if setting is None:
+            # The params of the first benchmark's search: a candidate id is a content hash, so every
+            # search that proposed it derived it from the same setting.
+            setting = self.settings[key] = _Setting(dict(params))
+        setting.last_position = position
+        self.dirty_settings.add(key)
+        return setting
+
     def stats_row(self, search: _Search, change: str, position: int) -> _Stats:
         key = (search.family, search.problem, search.target, change)
         stats = self.stats.setdefault(key, _Stats())
@@ -471,6 +520,22 @@ class _Fold:
                     for f in [self.failures[key]]
                 ],
             )
+        if self.dirty_settings:
+            await self.connection.executemany(
+                """
+                INSERT INTO lesson_settings (family, problem, target, candidate_id, params, log_speedup_samples,
+                    last_position)
+                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)
+                ON CONFLICT (family, problem, target, candidate_id) DO UPDATE SET
+                    log_speedup_samples = EXCLUDED.log_speedup_samples, last_position = EXCLUDED.last_position
+                """,
+                [
+                    (*key, json.dumps(s.params, sort_keys=True), s.log_speedup_samples, s.last_position)
+                    for key in sorted(self.dirty_settings)
+                    for s in [self.settings[key]]
+                    if s is not None
+                ],
+            )
         if self.dirty_evidence:
             columns = ["candidate_id", "target", "problem_fingerprint", *_Evidence.__dataclass_fields__]
             values = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
@@ -501,13 +566,17 @@ _HANDLERS = {
 
 
 def _candidate_from_row(row: asyncpg.Record) -> _Candidate:
-    params = row["params"]
     return _Candidate(
         parent_id=row["parent_id"],
-        params=dict(json.loads(params) if isinstance(params, str) else params),
+        params=_params_of(row["params"]),
         changes=list(row["changes"]),
         introduced=list(row["introduced"]),
     )
+
+
+def _params_of(value: Any) -> dict[str, Any]:
+    """A jsonb params column as a dict (asyncpg returns jsonb as text without a codec)."""
+    return dict(json.loads(value) if isinstance(value, str) else value)
 
 
 def _family_of(problem: str) -> str:
