@@ -11,15 +11,18 @@ parameter names such as ``SIMD=1``, as a hint that its own evidence soon outweig
 - ``priors``: per change, Beta posteriors (correct, beats its parent) and the mean and variance of the
   log-speedup over the parent and of the log-advantage (how much faster, in ln, candidates carrying the
   change ran than the average candidate of their problem) — what the search proposer samples from;
+- ``settings``: the measured template settings of the family on the target, with the mean and variance of
+  their log-speedups over numpy, from which the search proposer fits a model with interaction effects;
 - ``changes``, ``failures``, ``dead_ends``: the structured rows behind the summary.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +47,10 @@ SUMMARY_LINES = 15
 
 MAX_CHANGES = 64
 """Most changes listed in ``Lessons.changes`` and ``Lessons.priors`` (those with the most evidence)."""
+
+MAX_SETTINGS = 512
+"""Most settings per problem in ``Lessons.settings`` (the most recently measured): enough for a model of a
+template space's interactions, bounded so a long history does not make every proposal slower."""
 
 _LINE_CHARS = 160
 
@@ -135,6 +142,25 @@ class FailurePattern(BaseModel):
     """The latest failure's message."""
 
 
+class SettingEvidence(BaseModel):
+    """How fast one template setting ran on the target, over all its benchmarks."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    problem: str
+    """The problem it was measured on: the one asked about or another of its family."""
+    candidate_id: str
+    """The candidate's content hash."""
+    params: dict[str, Any]
+    """Its template parameter values, e.g. ``{"FUSED": 0, "NT": 1}``."""
+    n: int
+    """Benchmarks with verdict ok behind it (the most recent LESSON_SAMPLES)."""
+    log_speedup_mean: float
+    """Mean of ln(speedup over numpy) of those benchmarks."""
+    log_speedup_var: float
+    """Their sample variance (n - 1 in the denominator); 0 with fewer than two."""
+
+
 class Lessons(BaseModel):
     """The lessons for one problem on one target."""
 
@@ -162,6 +188,10 @@ class Lessons(BaseModel):
     """The most frequent failure patterns (at most ten)."""
     dead_ends: list[str] = Field(default_factory=list)
     """Changes that never compiled or were never correct after DEAD_END_ATTEMPTS attempts."""
+    settings: list[SettingEvidence] = Field(default_factory=list)
+    """Measured template settings on the target: the problem's own and those of the other problems of its
+    family (see .problem), at most MAX_SETTINGS per problem, the most recently measured; sorted by
+    (problem, candidate_id)."""
 
 
 # -- reading the view ---------------------------------------------------------------------------------------
@@ -205,7 +235,13 @@ async def lessons_for(store: EventStore, problem: str, target: str, *, catch_up:
         family,
         target,
     )
-    return build_lessons(problem, family, target, int(position or 0), stats, failures, _parameters(problem))
+    settings = await store.pool.fetch(
+        "SELECT problem, candidate_id, params, log_speedup_samples, last_position FROM lesson_settings "
+        "WHERE family = $1 AND target = $2 ORDER BY problem, candidate_id",
+        family,
+        target,
+    )
+    return build_lessons(problem, family, target, int(position or 0), stats, failures, _parameters(problem), settings)
 
 
 async def known_lessons(store: EventStore, target: str | None = None) -> list[tuple[str, str]]:
@@ -262,9 +298,11 @@ def build_lessons(
     stats: Sequence[_Row],
     failures: Sequence[asyncpg.Record],
     parameters: set[str] | None = None,
+    settings: Sequence[asyncpg.Record | dict[str, Any]] = (),
 ) -> Lessons:
     """Lessons from the view's rows for one family and target (pure: no database). ``parameters``, the
-    problem's template parameter names, keeps the summary to family lessons the problem can use."""
+    problem's template parameter names, keeps the summary to family lessons the problem can use;
+    ``settings``, the family's lesson_settings rows on the target, become ``Lessons.settings``."""
     own = {r.change: r for r in stats if r.problem == problem}
     others: dict[str, list[_Row]] = defaultdict(list)
     for r in stats:
@@ -289,6 +327,7 @@ def build_lessons(
         priors={n: priors[n] for n in ranked},
         failures=patterns,
         dead_ends=dead,
+        settings=_setting_evidence(settings),
     )
     lessons.summary = summarize(lessons, parameters)
     return lessons
@@ -358,6 +397,38 @@ def _change_lesson(name: str, own: _Row | None, others: list[_Row], prior: Chang
         advantage=math.exp(prior.log_advantage_mean) if prior.log_advantage_n else None,
         dead_end=_dead_end([(1.0, r) for r in rows]),
     )
+
+
+def _setting_evidence(rows: Sequence[asyncpg.Record | dict[str, Any]]) -> list[SettingEvidence]:
+    """The rows with samples as SettingEvidence: per problem the MAX_SETTINGS most recently measured,
+    all sorted by (problem, candidate_id)."""
+    by_problem: dict[str, list[asyncpg.Record | dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row["log_speedup_samples"]:
+            by_problem[row["problem"]].append(row)
+    kept = [
+        row
+        for problem_rows in by_problem.values()
+        # candidate_id breaks ties so the choice does not depend on the rows' order.
+        for row in sorted(problem_rows, key=lambda r: (-r["last_position"], r["candidate_id"]))[:MAX_SETTINGS]
+    ]
+    evidence = []
+    for row in sorted(kept, key=lambda r: (r["problem"], r["candidate_id"])):
+        samples = list(row["log_speedup_samples"])
+        mean = _mean(samples)
+        var = math.fsum((s - mean) ** 2 for s in samples) / (len(samples) - 1) if len(samples) > 1 else 0.0
+        params = row["params"]
+        evidence.append(
+            SettingEvidence(
+                problem=row["problem"],
+                candidate_id=row["candidate_id"],
+                params=dict(json.loads(params) if isinstance(params, str) else params),
+                n=len(samples),
+                log_speedup_mean=mean,
+                log_speedup_var=var,
+            )
+        )
+    return evidence
 
 
 def _failure_patterns(problem: str, records: Sequence[asyncpg.Record]) -> list[FailurePattern]:

@@ -18,6 +18,7 @@ from engine.lessons_projection import (
     catch_up_lessons,
     rebuild_lessons,
 )
+from engine.migrations import migrate
 from engine.problems import load_problem
 from engine.projections import checkpoint_of
 from engine.search.candidates import Candidate
@@ -28,6 +29,7 @@ VIEW_TABLES = {
     "lesson_stats": "family, problem, target, change",
     "lesson_failures": "family, problem, target, change, kind, pattern",
     "candidate_evidence": "candidate_id, target, problem_fingerprint",
+    "lesson_settings": "family, problem, target, candidate_id",
 }
 
 
@@ -49,6 +51,7 @@ async def test_incremental_catch_up_equals_rebuild_from_zero(store: EventStore) 
     assert reached == await store.last_position()
     incremental = await view_rows(store)
     assert incremental["lesson_stats"] and incremental["lesson_failures"] and incremental["candidate_evidence"]
+    assert {r["problem"] for r in incremental["lesson_settings"]} == {"softmax", "rmsnorm"}
 
     assert await rebuild_lessons(store) == reached
     assert await view_rows(store) == incremental
@@ -193,13 +196,15 @@ async def test_ratio_is_attributed_to_the_changes_a_candidate_introduced(store: 
     search = SyntheticSearch(store, "s1", "softmax")
     seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
     events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
-    from engine.proposers.random_template import template_candidate
+    from engine.proposers.random_template import template_candidate, template_space
 
+    # Any other parameters of the template keep one value throughout: only UNROLL changes in the second.
+    base = template_space(loaded)[0]
     first = template_candidate(
-        loaded, {"ONLINE": 0, "UNROLL": 4, "SIMD": 0}, None, proposer="t", parent_id=seed.candidate_id
+        loaded, {**base, "ONLINE": 0, "UNROLL": 4, "SIMD": 0}, None, proposer="t", parent_id=seed.candidate_id
     )
     second = template_candidate(
-        loaded, {"ONLINE": 0, "UNROLL": 8, "SIMD": 0}, None, proposer="t", parent_id=first.candidate_id
+        loaded, {**base, "ONLINE": 0, "UNROLL": 8, "SIMD": 0}, None, proposer="t", parent_id=first.candidate_id
     )
     events += [search.proposed(1, first), *search.outcome(1, first, failure=None, speedup=1.0, parent_speedup=0.5)]
     events += [search.proposed(2, second), *search.outcome(2, second, failure=None, speedup=1.5, parent_speedup=1.0)]
@@ -241,3 +246,67 @@ async def test_kf_lessons_prints_summaries_and_json(
     assert only["problem"] == "softmax" and only["target"] == TARGET and only["priors"]
     assert await asyncio.to_thread(kf, "--problem", "matmul", "--target", TARGET) == 0
     assert "No lessons yet for matmul" in capsys.readouterr().out
+
+
+# -- per-setting evidence (lesson_settings) --------------------------------------------------------------
+
+
+async def test_a_setting_gathers_every_benchmark_of_its_candidate(store: EventStore) -> None:
+    loaded = load_problem("softmax")
+    from engine.proposers.random_template import template_candidate, template_space
+
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    params = template_space(loaded)[-1]
+    setting = template_candidate(loaded, params, None, proposer="t", parent_id=seed.candidate_id)
+    # The same candidate benchmarked in two searches: two measurements of one setting.
+    for search_id, speedup in [("s1", 1.2), ("s2", 1.5)]:
+        search = SyntheticSearch(store, search_id, "softmax")
+        events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
+        events += [search.proposed(1, setting)]
+        events += search.outcome(1, setting, failure=None, speedup=speedup, parent_speedup=0.5)
+        await store.append(search.stream, events)
+
+    lessons = await lessons_for(store, "softmax", TARGET)
+    # The seed has no parameters: it is no template setting.
+    [found] = lessons.settings
+    assert found.problem == "softmax" and found.candidate_id == setting.candidate_id and found.params == params
+    samples = [math.log(1.2), math.log(1.5)]
+    assert found.n == 2
+    assert found.log_speedup_mean == pytest.approx(sum(samples) / 2)
+    assert found.log_speedup_var == pytest.approx((samples[0] - samples[1]) ** 2 / 2)
+
+
+async def test_settings_of_another_problem_of_the_family_carry_its_name(store: EventStore) -> None:
+    softmax = await record_random_search(store, "s1", "softmax", seed=9, generations=2, failure=lambda p: None)
+    rmsnorm = await record_random_search(store, "s2", "rmsnorm", seed=9, generations=2, failure=lambda p: None)
+    lessons = await lessons_for(store, "softmax", TARGET)
+    by_problem = {(s.problem, s.candidate_id): s for s in lessons.settings}
+    assert set(by_problem) == {("softmax", c.candidate_id) for c in softmax if c.params} | {
+        ("rmsnorm", c.candidate_id) for c in rmsnorm if c.params
+    }
+    assert all(s.n == 1 and s.log_speedup_var == 0.0 for s in lessons.settings)
+    for candidate in rmsnorm[1:]:
+        assert by_problem[("rmsnorm", candidate.candidate_id)].params == candidate.params
+    assert lessons.settings == sorted(lessons.settings, key=lambda s: (s.problem, s.candidate_id))
+    # Another family (matmul) sees none of them.
+    assert (await lessons_for(store, "matmul", TARGET)).settings == []
+
+
+async def test_migration_0004_refolds_the_older_events_into_lesson_settings(
+    store: EventStore, fresh_db_url: str
+) -> None:
+    await record_random_search(store, "s1", "softmax", seed=10, generations=2)
+    await record_random_search(store, "s2", "rmsnorm", seed=10, generations=2, failure=lambda p: None)
+    reached = await catch_up_lessons(store, page_size=9)
+    expected = await view_rows(store)
+    assert expected["lesson_settings"]
+    # A database as it was before 0004: the view caught up, but no lesson_settings table. Applying the
+    # real migration again must make the next catch-up refold the whole log.
+    await store.pool.execute("DROP TABLE lesson_settings")
+    await store.pool.execute("DELETE FROM schema_migrations WHERE name = '0004_lesson_settings.sql'")
+    assert await migrate(fresh_db_url) == ["0004_lesson_settings.sql"]
+    assert await checkpoint_of(store.pool, PROJECTION) == 0
+    assert all(not rows for rows in (await view_rows(store)).values())
+
+    assert await catch_up_lessons(store, page_size=7) == reached
+    assert await view_rows(store) == expected
