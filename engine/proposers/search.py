@@ -1,22 +1,20 @@
-"""The search proposer: the offline default. Thompson sampling over a problem's template parameters,
-with lessons as priors. No network, no key.
+"""The search proposer: the offline default. Thompson sampling over a problem's template settings with a
+surrogate model of their speed fitted to the lessons. No network, no key.
 
-Belief model: a setting's worth is the sum of the effects of its parameter values (their main effects,
-in ln of speedup) plus, for each value, ln P(correct). Each generation, every pick draws one sample of
-every value's effect and correctness from its posterior and takes the best setting under that draw
-(Thompson sampling): values the evidence says are good are drawn high often, uncertain ones sometimes,
-so the search exploits and explores in proportion to what it does not know.
+Belief model (engine/proposers/surrogate.py): ln(speedup) of a setting is a level plus an effect per
+parameter value plus an effect per pair of values, with a Gaussian posterior fitted to every measured
+setting of the problem on the target (``Lessons.settings``: earlier searches and this search's earlier
+generations alike, since lessons_for catches the log up). Effects the problem has no evidence on start
+from what other problems of its family measured for the same parameter values (transfer). Correctness is
+separate: each value's Beta posterior of P(correct) from ``Lessons.priors``; a dead end (never compiled or
+never correct) is proposed only when nothing else is left.
 
-- Effects: prior N(0, EFFECT_PRIOR_SD²); evidence from ``Lessons.priors`` — the log-advantage of the
-  value (how much faster candidates carrying it ran than their problem's average), or its log-speedup
-  over the parent when no advantage is known. Lessons already weigh the problem's own evidence above
-  its family's, and include this search's earlier generations (lessons_for catches the log up).
-- Correctness: Beta(CORRECT_PRIOR) updated with the value's recorded successes and failures; a dead end
-  (never compiled or never correct) is proposed only when nothing else is left.
-- Exploitation around the incumbent: every other pick (the first included) is taken among the incumbent's
-  neighbours, the settings that change one or two of its parameters; the others from the whole space.
-- A hedge: every fourth pick is uniform over the settings that are not dead ends, because a sum of main
-  effects misses parameters that only pay together, and the search must still stumble on those.
+Each generation:
+- the first pick exploits: the best setting under the posterior mean (once there is any evidence);
+- every other pick after it draws one whole model from the posterior and takes its best setting among
+  the incumbent's neighbours (one or two parameters changed), exploiting around the incumbent;
+- the remaining picks draw a model and take its best setting anywhere (exploration in proportion to
+  what the model does not know).
 
 Randomness derives from (seed, generation), so the same context proposes the same candidates; a candidate
 in ``context.seen`` is never proposed.
@@ -25,6 +23,7 @@ in ``context.seen`` is never proposed.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +34,8 @@ from engine.lessons_projection import change_of
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import template_candidate, template_space
+from engine.proposers.surrogate import Features, Observation, Posterior, fit, transferred_means
 from engine.search.candidates import Candidate
-
-EFFECT_PRIOR_SD = 0.3
-"""Prior spread of a parameter value's effect, in ln(speedup): most values change speed by < 35%."""
-
-SAMPLE_SD_FLOOR = 0.05
-"""Least spread assumed for one measurement of an effect (timing noise), in ln(speedup)."""
 
 CORRECT_PRIOR = (3.0, 1.0)
 """Beta prior of P(correct) for a template value: templates are written to be correct, mostly."""
@@ -52,42 +46,23 @@ DEAD_END_PENALTY = 25.0
 NEIGHBOURHOOD = 2
 """Most parameters an exploiting pick changes relative to the incumbent."""
 
-UNIFORM_EVERY = 4
-"""Every fourth pick is uniform among the settings that are not dead ends (a hedge against the model)."""
-
 
 @dataclass(frozen=True)
-class _Belief:
-    """Posterior of one parameter value: effect N(mean, sd²), correctness Beta(alpha, beta)."""
+class _Correctness:
+    """Beta posterior of P(correct) of one parameter value, and whether it is a dead end."""
 
-    mean: float
-    sd: float
     alpha: float
     beta: float
     dead_end: bool
     evidence: float
 
 
-def belief_of(prior: ChangePrior | None) -> _Belief:
-    """A value's posterior from its lessons (None: the plain prior)."""
+def correctness_of(prior: ChangePrior | None) -> _Correctness:
+    """A value's correctness posterior from its lessons (None: the plain prior)."""
     alpha, beta = CORRECT_PRIOR
     if prior is None:
-        return _Belief(0.0, EFFECT_PRIOR_SD, alpha, beta, False, 0.0)
-    if prior.log_advantage_n > 0:
-        n, mean, var = prior.log_advantage_n, prior.log_advantage_mean, prior.log_advantage_var
-    else:
-        n, mean, var = prior.log_ratio_n, prior.log_ratio_mean, prior.log_ratio_var
-    precision = 1.0 / EFFECT_PRIOR_SD**2
-    if n > 0:
-        # Normal-normal update: n measurements of spread s around the value's true effect.
-        noise = max(var, SAMPLE_SD_FLOOR**2)
-        posterior_var = 1.0 / (precision + n / noise)
-        posterior_mean = posterior_var * (n * mean / noise)
-    else:
-        posterior_var, posterior_mean = 1.0 / precision, 0.0
-    return _Belief(
-        mean=posterior_mean,
-        sd=math.sqrt(posterior_var),
+        return _Correctness(alpha, beta, False, 0.0)
+    return _Correctness(
         alpha=alpha + prior.correct_alpha - 1.0,
         beta=beta + prior.correct_beta - 1.0,
         dead_end=prior.dead_end,
@@ -106,7 +81,7 @@ def _distance(a: dict[str, Any], b: dict[str, Any]) -> int:
 
 
 class SearchProposer:
-    """Thompson sampling over the template's parameter values, exploiting around the incumbent."""
+    """Thompson sampling with a pairwise surrogate model, exploiting the posterior mean and the incumbent."""
 
     name = "search"
 
@@ -127,48 +102,53 @@ class SearchProposer:
             )
             if option.candidate.candidate_id not in seen
         ]
+        posterior, transferred = model_of(problem, context.lessons)
         priors = _priors(context.lessons)
         values = sorted({change_of(k, v) for params in space for k, v in params.items()})
-        beliefs = {value: belief_of(priors.get(value)) for value in values}
+        correctness = {value: correctness_of(priors.get(value)) for value in values}
         incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
         rng = np.random.default_rng([context.seed, context.generation])
+        informed = posterior.observations > 0 or bool(transferred)
         picks: list[Candidate] = []
         for index in range(context.count):
             if not fresh:
                 break
             neighbours = [o for o in fresh if 1 <= _distance(o.params, incumbent) <= NEIGHBOURHOOD] if incumbent else []
-            exploit = bool(neighbours) and index % 2 == 0
-            pool = neighbours if exploit else fresh
-            # One Thompson draw per pick: every value's effect and ln P(correct), sampled together.
-            effect = {v: b.mean + b.sd * float(rng.standard_normal()) for v, b in beliefs.items()}
-            correct = {v: math.log(max(float(rng.beta(b.alpha, b.beta)), 1e-12)) for v, b in beliefs.items()}
-            scored = [(self._score(o.params, effect, correct, beliefs), i) for i, o in enumerate(pool)]
-            if index % UNIFORM_EVERY == UNIFORM_EVERY - 1:
-                # The model adds up main effects; parameters that only pay together (non-temporal stores
-                # with the two-pass variant) escape it. A uniform pick among the settings that are not dead
-                # ends keeps sampling what the model would never rank first.
-                alive = [t for t in scored if t[0] > -DEAD_END_PENALTY / 2] or scored
-                score, best = alive[int(rng.integers(len(alive)))]
-                exploit = False
-                mode = "uniform"
+            if index == 0 and informed:
+                mode, pool = "exploit-mean", fresh
+                effects = posterior.mean
+                correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
             else:
-                score, best = max(scored, key=lambda t: (t[0], -t[1]))
-                mode = "exploit" if exploit else "explore"
+                mode = "exploit" if neighbours and index % 2 == 1 else "explore"
+                pool = neighbours if mode == "exploit" else fresh
+                effects = posterior.sample(rng)
+                correct = {v: math.log(max(float(rng.beta(c.alpha, c.beta)), 1e-12)) for v, c in correctness.items()}
+            x = posterior.features.matrix(o.params for o in pool)
+            speed = x @ effects
+            # Ties (no evidence yet) are broken at random, not by the space's order.
+            jitter = rng.uniform(0.0, 1e-9, len(pool))
+            scores = [
+                float(speed[i]) + self._correct_score(o.params, correct, correctness) + float(jitter[i])
+                for i, o in enumerate(pool)
+            ]
+            best = int(np.argmax(scores))
             chosen = pool[best]
             fresh.remove(chosen)
-            rationale = self._rationale(chosen.params, incumbent, mode, score, beliefs)
+            rationale = self._rationale(
+                chosen.params, incumbent, mode, float(speed[best]), posterior.observations, transferred
+            )
             picks.append(chosen.candidate.model_copy(update={"rationale": rationale}))
         return picks
 
     @staticmethod
-    def _score(
-        params: dict[str, Any], effect: dict[str, float], correct: dict[str, float], beliefs: dict[str, _Belief]
+    def _correct_score(
+        params: dict[str, Any], correct: dict[str, float], correctness: dict[str, _Correctness]
     ) -> float:
         total = 0.0
         for name, value in params.items():
             change = change_of(name, value)
-            total += effect[change] + correct[change]
-            if beliefs[change].dead_end:
+            total += correct[change]
+            if correctness[change].dead_end:
                 total -= DEAD_END_PENALTY
         return total
 
@@ -177,18 +157,54 @@ class SearchProposer:
         params: dict[str, Any],
         incumbent: dict[str, Any] | None,
         mode: str,
-        score: float,
-        beliefs: dict[str, _Belief],
+        predicted: float,
+        observations: int,
+        transferred: list[str],
     ) -> str:
-        informed = sum(b.evidence > 0 for b in beliefs.values())
-        source = f"lessons on {informed} of {len(beliefs)} values" if informed else "no lessons yet"
+        if observations:
+            source = f"model of {observations} measured settings"
+        else:
+            source = "no measured settings yet"
+        if transferred:
+            source += f", priors from {', '.join(transferred)}"
+        guess = f"predicted {math.exp(predicted):.2f}x numpy ({source})"
         if mode == "exploit" and incumbent is not None:
             moves = ", ".join(f"{k} {incumbent.get(k)}→{v}" for k, v in sorted(params.items()) if incumbent.get(k) != v)
-            return f"exploit: the incumbent with {moves}; Thompson draw {score:+.2f} ({source})"
+            return f"exploit: the incumbent with {moves}; Thompson draw {guess}"
         setting = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
-        if mode == "uniform":
-            return f"explore: a uniform pick, {setting}, beyond what the main-effect model ranks first ({source})"
-        return f"explore: Thompson draw over the template space chose {setting} ({score:+.2f}; {source})"
+        if mode == "exploit-mean":
+            return f"exploit: best setting under the posterior mean, {setting}; {guess}"
+        return f"explore: Thompson draw over the template space chose {setting}; {guess}"
+
+
+def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterior, list[str]]:
+    """The surrogate posterior for ``problem``: fitted to its own measured settings, with prior means from
+    the family's other problems (their names are returned) for the parameter values they share."""
+    features = Features(problem.template_params)
+    by_problem: dict[str, list[Observation]] = defaultdict(list)
+    for setting in (lessons or {}).get("settings") or []:
+        if setting.get("params") and int(setting.get("n", 0)) > 0:
+            by_problem[str(setting["problem"])].append(
+                Observation(dict(setting["params"]), float(setting["log_speedup_mean"]), int(setting["n"]))
+            )
+    own = by_problem.pop(problem.name, [])
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    transferred: list[str] = []
+    for sibling, observations in sorted(by_problem.items()):
+        space: dict[str, set[Any]] = defaultdict(set)
+        for o in observations:
+            for k, v in o.params.items():
+                space[k].add(v)
+        sibling_features = Features({k: sorted(v, key=str) for k, v in space.items()})
+        means = transferred_means(features, fit(sibling_features, observations))
+        if means:
+            transferred.append(sibling)
+        for name, value in means.items():
+            sums[name] += value
+            counts[name] += 1
+    prior_mean = {name: sums[name] / counts[name] for name in sums}
+    return fit(features, own, prior_mean), transferred
 
 
 def _priors(lessons: dict[str, Any] | None) -> dict[str, ChangePrior]:

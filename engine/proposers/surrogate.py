@@ -1,0 +1,142 @@
+"""A surrogate model of how fast a template setting runs, for the search proposer.
+
+ln(speedup over numpy) of a setting is modelled as a level plus one effect per parameter value plus one
+effect per pair of parameter values (``FUSED=0&NT=1``), with a Gaussian prior on every effect, fitted to
+the measured settings by Bayesian linear regression. Pairs matter because the best kernels are often
+combinations whose parts do little alone: rmsnorm's streaming stores (NT=1) pay only in the two-pass
+variant (FUSED=0); a sum of main effects averages that away.
+
+The posterior is exact (a Gaussian), so the proposer can draw a whole plausible model at once (Thompson
+sampling) or use the posterior mean (exploitation). Prior means may come from another problem of the same
+family (transfer): effects of parameter values both templates share, such as ``SIMD=1`` or ``NT=1``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+LEVEL_PRIOR_SD = 2.0
+"""Prior spread of the level, ln(speedup) of a typical setting: anything from 0.1x to 10x numpy."""
+
+MAIN_PRIOR_SD = 0.3
+"""Prior spread of one parameter value's effect, in ln(speedup): most values change speed by < 35%."""
+
+PAIR_PRIOR_SD = 0.2
+"""Prior spread of one pair's interaction effect: smaller than a main effect, but not negligible."""
+
+MEASUREMENT_SD = 0.08
+"""Spread of one measurement of a setting's ln(speedup) between benchmarks (a shared machine swings
+by several percent from run to run)."""
+
+MODEL_SD = 0.03
+"""What no amount of repeating a measurement removes: effects of three or more parameters together,
+which the model leaves out."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What was measured of one setting: the mean of ``n`` samples of ln(speedup)."""
+
+    params: Mapping[str, Any]
+    mean: float
+    n: int
+
+
+def _key(name: str, value: Any) -> str:
+    return f"{name}={value}"
+
+
+class Features:
+    """The model's features for one template space: a level, each parameter value, each pair of values."""
+
+    def __init__(self, space: Mapping[str, Sequence[Any]]) -> None:
+        names = sorted(space)
+        self.names: list[str] = ["level"]
+        self.mains: list[str] = [_key(n, v) for n in names for v in space[n]]
+        self.pairs: list[str] = [
+            f"{_key(a, va)}&{_key(b, vb)}"
+            for a, b in itertools.combinations(names, 2)
+            for va in space[a]
+            for vb in space[b]
+        ]
+        self.names += self.mains + self.pairs
+        self.index = {name: i for i, name in enumerate(self.names)}
+
+    def active(self, params: Mapping[str, Any]) -> list[str]:
+        """The features a setting switches on (names of values outside the space are left out)."""
+        mains = [_key(n, params[n]) for n in sorted(params)]
+        pairs = [f"{a}&{b}" for a, b in itertools.combinations(mains, 2)]
+        return ["level", *(f for f in mains + pairs if f in self.index)]
+
+    def matrix(self, settings: Iterable[Mapping[str, Any]]) -> np.ndarray:
+        """One 0/1 row per setting."""
+        rows = [[self.index[f] for f in self.active(s)] for s in settings]
+        x = np.zeros((len(rows), len(self.names)))
+        for i, columns in enumerate(rows):
+            x[i, columns] = 1.0
+        return x
+
+    def prior_sd(self) -> np.ndarray:
+        sd = np.full(len(self.names), PAIR_PRIOR_SD)
+        sd[0] = LEVEL_PRIOR_SD
+        sd[1 : 1 + len(self.mains)] = MAIN_PRIOR_SD
+        return sd
+
+
+@dataclass(frozen=True)
+class Posterior:
+    """The effects' posterior: N(mean, precision⁻¹), with ``chol`` the Cholesky factor of the precision."""
+
+    features: Features
+    mean: np.ndarray
+    chol: np.ndarray
+    observations: int
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        """One draw of every effect together."""
+        z = rng.standard_normal(len(self.mean))
+        # precision = L Lᵀ, so w = mean + L⁻ᵀ z has covariance precision⁻¹.
+        return self.mean + np.linalg.solve(self.chol.T, z)
+
+    def named_mean(self) -> dict[str, float]:
+        """Posterior mean of each effect by feature name (the level included)."""
+        return {name: float(self.mean[i]) for i, name in enumerate(self.features.names)}
+
+
+def fit(
+    features: Features,
+    observations: Sequence[Observation],
+    prior_mean: Mapping[str, float] | None = None,
+) -> Posterior:
+    """The posterior of the effects given ``observations`` and, per feature name, prior means (0 where
+    none is given). Each observation's variance is MEASUREMENT_SD² / n + MODEL_SD²."""
+    mu0 = np.zeros(len(features.names))
+    for name, value in (prior_mean or {}).items():
+        if name in features.index:
+            mu0[features.index[name]] = value
+    prior_precision = 1.0 / features.prior_sd() ** 2
+    precision = np.diag(prior_precision)
+    shift = prior_precision * mu0
+    if observations:
+        x = features.matrix(o.params for o in observations)
+        y = np.array([o.mean for o in observations])
+        weight = 1.0 / (MEASUREMENT_SD**2 / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2)
+        precision = precision + (x.T * weight) @ x
+        shift = shift + x.T @ (weight * y)
+    chol = np.linalg.cholesky(precision)
+    mean = np.linalg.solve(chol.T, np.linalg.solve(chol, shift))
+    return Posterior(features, mean, chol, len(observations))
+
+
+def transferred_means(own: Features, sibling: Posterior) -> dict[str, float]:
+    """Prior means for ``own``'s effects from a sibling problem's posterior: the effects of the parameter
+    values (and pairs of them) both templates have. The level is not transferred: each problem has its own
+    baseline."""
+    shared = set(own.names) & set(sibling.features.names) - {"level"}
+    means = sibling.named_mean()
+    return {name: means[name] for name in sorted(shared)}
