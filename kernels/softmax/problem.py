@@ -39,6 +39,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "ONLINE": [0, 1],
     "UNROLL": [1, 2, 4, 8],
     "SIMD": [0, 1],
+    # Named and meant as in rmsnorm's template, so that lessons transfer within the row-reduction family.
+    "FUSED": [0, 1],
+    "NT": [0, 1],
 }
 
 
