@@ -456,7 +456,10 @@ def test_the_prompt_holds_problem_incumbent_evidence_failures_lessons_and_hints(
 ) -> None:
     server.script(chat(reply_with(GOOD_SOFTMAX)), chat(reply_with(WRONG_SOFTMAX)))
     incumbent = Candidate.create(
-        softmax.render_template({"ONLINE": 1, "UNROLL": 4, "SIMD": 1}), None, label="template X", proposer="random"
+        softmax.render_template({"ONLINE": 1, "UNROLL": 4, "SIMD": 1, "FUSED": 1, "NT": 0}),
+        None,
+        label="template X",
+        proposer="random",
     )
     failure = RecentFailure(
         stage="validate",
