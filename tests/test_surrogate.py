@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from engine.proposers.surrogate import Features, Observation, fit, transferred_means
+from engine.proposers.surrogate import Features, Mixture, Observation, fit, fit_with_transfer, transferred_means
 
 SPACE = {"A": [0, 1], "B": [0, 1], "C": [1, 2, 4]}
 
@@ -59,3 +59,22 @@ def test_transfer_keeps_shared_effects_but_not_the_level() -> None:
     means = transferred_means(Features(SPACE), posterior)
     assert set(means) == {"A=0", "A=1"}
     assert means["A=1"] - means["A=0"] > 0.2
+
+
+def test_a_transferred_prior_is_dropped_when_own_measurements_contradict_it() -> None:
+    features = Features(SPACE)
+    family = {"A=1": 0.3, "A=0": -0.3}
+    untested = fit_with_transfer(features, [], family)
+    assert isinstance(untested, Mixture) and untested.weight == 0.5
+
+    def measured(sign: float) -> list[Observation]:
+        return [Observation(s, 1.0 + sign * (0.3 if s["A"] else -0.3), 1) for s in settings()[::2]]
+
+    agreeing = fit_with_transfer(features, measured(+1.0), family)
+    contradicting = fit_with_transfer(features, measured(-1.0), family)
+    assert isinstance(agreeing, Mixture) and isinstance(contradicting, Mixture)
+    assert contradicting.weight < 0.2 < 0.6 < agreeing.weight
+    # The mean follows the evidence either way.
+    x = features.matrix([{"A": 1, "B": 0, "C": 1}, {"A": 0, "B": 0, "C": 1}])
+    high, low = x @ contradicting.mean
+    assert low > high

@@ -34,7 +34,15 @@ from engine.lessons_projection import change_of
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import template_candidate, template_space
-from engine.proposers.surrogate import Features, Observation, Posterior, fit, transferred_means
+from engine.proposers.surrogate import (
+    Features,
+    Mixture,
+    Observation,
+    Posterior,
+    fit,
+    fit_with_transfer,
+    transferred_means,
+)
 from engine.search.candidates import Candidate
 
 CORRECT_PRIOR = (3.0, 1.0)
@@ -177,9 +185,10 @@ class SearchProposer:
         return f"explore: Thompson draw over the template space chose {setting}; {guess}"
 
 
-def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterior, list[str]]:
-    """The surrogate posterior for ``problem``: fitted to its own measured settings, with prior means from
-    the family's other problems (their names are returned) for the parameter values they share."""
+def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterior | Mixture, list[str]]:
+    """The surrogate posterior for ``problem``: fitted to its own measured settings; when other problems of
+    the family measured parameter values it shares, mixed with a posterior whose prior means are theirs
+    (their names are returned), weighed by how well that prior predicted the problem's own measurements."""
     features = Features(problem.template_params)
     by_problem: dict[str, list[Observation]] = defaultdict(list)
     for setting in (lessons or {}).get("settings") or []:
@@ -204,7 +213,7 @@ def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterio
             sums[name] += value
             counts[name] += 1
     prior_mean = {name: sums[name] / counts[name] for name in sums}
-    return fit(features, own, prior_mean), transferred
+    return fit_with_transfer(features, own, prior_mean), transferred
 
 
 def _priors(lessons: dict[str, Any] | None) -> dict[str, ChangePrior]:

@@ -9,11 +9,18 @@ variant (FUSED=0); a sum of main effects averages that away.
 The posterior is exact (a Gaussian), so the proposer can draw a whole plausible model at once (Thompson
 sampling) or use the posterior mean (exploitation). Prior means may come from another problem of the same
 family (transfer): effects of parameter values both templates share, such as ``SIMD=1`` or ``NT=1``.
+
+Transfer can mislead: the same knob may pay on one problem and cost on another (streaming stores help a
+memory-bound rmsnorm and slow a compute-bound softmax). So a transferred prior is one of two hypotheses,
+weighed against the plain prior by how well each predicted the problem's own measurements (Bayesian model
+averaging with the closed-form marginal likelihood): before any own evidence they count half each, and a
+few measurements that contradict the family's lessons switch them off.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +138,67 @@ def fit(
     chol = np.linalg.cholesky(precision)
     mean = np.linalg.solve(chol.T, np.linalg.solve(chol, shift))
     return Posterior(features, mean, chol, len(observations))
+
+
+def log_evidence(features: Features, observations: Sequence[Observation], prior_mean: np.ndarray) -> float:
+    """ln p(observations | prior): under the model, y ~ N(X mu0, X S0 Xᵀ + D)."""
+    if not observations:
+        return 0.0
+    x = features.matrix(o.params for o in observations)
+    y = np.array([o.mean for o in observations])
+    noise = MEASUREMENT_SD**2 / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2
+    cov = (x * features.prior_sd() ** 2) @ x.T + np.diag(noise)
+    chol = np.linalg.cholesky(cov)
+    z = np.linalg.solve(chol, y - x @ prior_mean)
+    return float(-0.5 * z @ z - np.log(np.diag(chol)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """Two posteriors, one from the plain prior and one from a transferred prior, weighed by how well each
+    prior predicted the problem's own measurements."""
+
+    plain: Posterior
+    transferred: Posterior
+    weight: float
+    """Posterior probability that the transferred prior is the right one."""
+
+    @property
+    def features(self) -> Features:
+        return self.plain.features
+
+    @property
+    def observations(self) -> int:
+        return self.plain.observations
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The mixture's mean effects (predictions are linear in them, so this is the mean prediction)."""
+        return (1.0 - self.weight) * self.plain.mean + self.weight * self.transferred.mean
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        """One draw: first which prior holds, then the effects under it."""
+        chosen = self.transferred if rng.uniform() < self.weight else self.plain
+        return chosen.sample(rng)
+
+
+def fit_with_transfer(
+    features: Features, observations: Sequence[Observation], transferred: Mapping[str, float]
+) -> Posterior | Mixture:
+    """The posterior given ``observations``; with ``transferred`` prior means, the mixture of the plain and
+    the transferred hypothesis, each weighed by its evidence (prior odds 1:1)."""
+    plain = fit(features, observations)
+    if not transferred:
+        return plain
+    moved = fit(features, observations, transferred)
+    mu0 = np.zeros(len(features.names))
+    for name, value in transferred.items():
+        if name in features.index:
+            mu0[features.index[name]] = value
+    log_plain = log_evidence(features, observations, np.zeros(len(features.names)))
+    log_moved = log_evidence(features, observations, mu0)
+    weight = 1.0 / (1.0 + math.exp(min(log_plain - log_moved, 700.0)))
+    return Mixture(plain, moved, weight)
 
 
 def transferred_means(own: Features, sibling: Posterior) -> dict[str, float]:
