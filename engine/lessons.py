@@ -525,9 +525,9 @@ def _applies(change: ChangeLesson, parameters: set[str] | None) -> bool:
 
 
 def summarize(lessons: Lessons, parameters: set[str] | None = None) -> str:
-    """At most SUMMARY_LINES lines: the totals, the changes that helped and hurt most, dead ends and
-    the most frequent failures. With ``parameters`` (the problem's template parameter names), family
-    lessons about parameters the problem lacks are left out."""
+    """At most SUMMARY_LINES lines: the totals, the fastest measured settings, the changes that helped and
+    hurt most, dead ends and the most frequent failures. With ``parameters`` (the problem's template
+    parameter names), family lessons about parameters the problem lacks are left out."""
     lines = []
     if not lessons.candidates and not lessons.family_candidates:
         return _line(f"No lessons yet for {lessons.problem} ({lessons.family}) on {lessons.target}.")
@@ -535,6 +535,16 @@ def summarize(lessons: Lessons, parameters: set[str] | None = None) -> str:
     if lessons.family_candidates:
         header += f", plus {lessons.family_candidates} from other problems of the family"
     lines.append(_line(header + "."))
+    fastest = sorted(
+        (s for s in lessons.settings if s.problem == lessons.problem),
+        key=lambda s: (-s.log_speedup_mean, s.candidate_id),
+    )[:2]
+    if fastest:
+        shown = [
+            f"{' '.join(f'{k}={v}' for k, v in sorted(s.params.items()))} {math.exp(s.log_speedup_mean):.2f}x (n={s.n})"
+            for s in fastest
+        ]
+        lines.append(_line("Fastest measured settings (speedup over numpy): " + "; ".join(shown)))
 
     def score(c: ChangeLesson) -> float:
         if c.advantage is not None:

@@ -102,6 +102,11 @@ async def test_lessons_count_what_happened(store: EventStore) -> None:
         assert simd.correct_alpha > 1
     assert len(lessons.summary.splitlines()) <= SUMMARY_LINES
     assert "softmax" in lessons.summary
+    measured = [s for s in lessons.settings if s.problem == "softmax"]
+    assert measured
+    best = max(measured, key=lambda s: s.log_speedup_mean)
+    line = next(x for x in lessons.summary.splitlines() if x.startswith("Fastest measured settings"))
+    assert f"{math.exp(best.log_speedup_mean):.2f}x (n={best.n})" in line.split(";")[0]
 
 
 async def test_rmsnorm_learns_from_softmax_through_the_family(store: EventStore) -> None:
