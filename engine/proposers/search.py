@@ -10,9 +10,10 @@ separate: each value's Beta posterior of P(correct) from ``Lessons.priors``; a d
 never correct) is proposed only when nothing else is left.
 
 Each generation:
-- the first pick exploits: the best setting under the posterior mean (once there is any evidence);
+- the first pick exploits: the best setting under the posterior mean (once there is any evidence) among
+  the incumbent's neighbours (one or two parameters changed), or anywhere while the incumbent is the seed;
 - every other pick after it draws one whole model from the posterior and takes its best setting among
-  the incumbent's neighbours (one or two parameters changed), exploiting around the incumbent;
+  the incumbent's neighbours, exploiting around the incumbent;
 - the remaining picks draw a model and take its best setting anywhere (exploration in proportion to
   what the model does not know).
 
@@ -123,7 +124,9 @@ class SearchProposer:
                 break
             neighbours = [o for o in fresh if 1 <= _distance(o.params, incumbent) <= NEIGHBOURHOOD] if incumbent else []
             if index == 0 and informed:
-                mode, pool = "exploit-mean", fresh
+                # Around the incumbent once there is one (the model is least wrong near what was measured);
+                # anywhere before, which is where a warm search finds the settings its lessons favour.
+                mode, pool = "exploit-mean", neighbours or fresh
                 effects = posterior.mean
                 correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
             else:
@@ -142,9 +145,9 @@ class SearchProposer:
             best = int(np.argmax(scores))
             chosen = pool[best]
             fresh.remove(chosen)
-            rationale = self._rationale(
-                chosen.params, incumbent, mode, float(speed[best]), posterior.observations, transferred
-            )
+            # The rationale quotes the posterior mean's prediction: a single draw's level can be anything.
+            predicted = float(x[best] @ posterior.mean)
+            rationale = self._rationale(chosen.params, incumbent, mode, predicted, posterior.observations, transferred)
             picks.append(chosen.candidate.model_copy(update={"rationale": rationale}))
         return picks
 
@@ -176,9 +179,10 @@ class SearchProposer:
         if transferred:
             source += f", priors from {', '.join(transferred)}"
         guess = f"predicted {math.exp(predicted):.2f}x numpy ({source})"
-        if mode == "exploit" and incumbent is not None:
+        if mode in ("exploit", "exploit-mean") and incumbent is not None:
             moves = ", ".join(f"{k} {incumbent.get(k)}→{v}" for k, v in sorted(params.items()) if incumbent.get(k) != v)
-            return f"exploit: the incumbent with {moves}; Thompson draw {guess}"
+            how = "posterior mean" if mode == "exploit-mean" else "Thompson draw"
+            return f"exploit: the incumbent with {moves} ({how}); {guess}"
         setting = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         if mode == "exploit-mean":
             return f"exploit: best setting under the posterior mean, {setting}; {guess}"
