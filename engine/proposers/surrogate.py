@@ -89,6 +89,7 @@ class Features:
         return x
 
     def prior_sd(self) -> np.ndarray:
+        """Each feature's prior spread: LEVEL_PRIOR_SD, MAIN_PRIOR_SD or PAIR_PRIOR_SD."""
         sd = np.full(len(self.names), PAIR_PRIOR_SD)
         sd[0] = LEVEL_PRIOR_SD
         sd[1 : 1 + len(self.mains)] = MAIN_PRIOR_SD
@@ -165,10 +166,12 @@ class Mixture:
 
     @property
     def features(self) -> Features:
+        """The features both posteriors share."""
         return self.plain.features
 
     @property
     def observations(self) -> int:
+        """How many measured settings both were fitted to."""
         return self.plain.observations
 
     @property
