@@ -88,6 +88,14 @@ class Features:
             x[i, columns] = 1.0
         return x
 
+    def vector(self, named: Mapping[str, float]) -> np.ndarray:
+        """Values by feature name as a vector over the features (0 for the others; unknown names ignored)."""
+        v = np.zeros(len(self.names))
+        for name, value in named.items():
+            if name in self.index:
+                v[self.index[name]] = value
+        return v
+
     def prior_sd(self) -> np.ndarray:
         """Each feature's prior spread: LEVEL_PRIOR_SD, MAIN_PRIOR_SD or PAIR_PRIOR_SD."""
         sd = np.full(len(self.names), PAIR_PRIOR_SD)
@@ -116,42 +124,52 @@ class Posterior:
         return {name: float(self.mean[i]) for i, name in enumerate(self.features.names)}
 
 
+@dataclass(frozen=True)
+class _Design:
+    """Observations as the regression sees them: one feature row, ln(speedup) and noise variance each."""
+
+    x: np.ndarray
+    y: np.ndarray
+    noise: np.ndarray
+
+    @classmethod
+    def of(cls, features: Features, observations: Sequence[Observation]) -> _Design:
+        """Each observation's variance is MEASUREMENT_SD² / n + MODEL_SD²."""
+        return cls(
+            x=features.matrix(o.params for o in observations),
+            y=np.array([o.mean for o in observations]),
+            noise=MEASUREMENT_SD**2 / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2,
+        )
+
+
 def fit(
     features: Features,
     observations: Sequence[Observation],
     prior_mean: Mapping[str, float] | None = None,
 ) -> Posterior:
     """The posterior of the effects given ``observations`` and, per feature name, prior means (0 where
-    none is given). Each observation's variance is MEASUREMENT_SD² / n + MODEL_SD²."""
-    mu0 = np.zeros(len(features.names))
-    for name, value in (prior_mean or {}).items():
-        if name in features.index:
-            mu0[features.index[name]] = value
+    none is given)."""
+    return _fit(features, _Design.of(features, observations), features.vector(prior_mean or {}))
+
+
+def _fit(features: Features, design: _Design, mu0: np.ndarray) -> Posterior:
     prior_precision = 1.0 / features.prior_sd() ** 2
-    precision = np.diag(prior_precision)
-    shift = prior_precision * mu0
-    if observations:
-        x = features.matrix(o.params for o in observations)
-        y = np.array([o.mean for o in observations])
-        weight = 1.0 / (MEASUREMENT_SD**2 / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2)
-        precision = precision + (x.T * weight) @ x
-        shift = shift + x.T @ (weight * y)
+    weight = 1.0 / design.noise
+    precision = np.diag(prior_precision) + (design.x.T * weight) @ design.x
+    shift = prior_precision * mu0 + design.x.T @ (weight * design.y)
     chol = np.linalg.cholesky(precision)
     mean = np.linalg.solve(chol.T, np.linalg.solve(chol, shift))
-    return Posterior(features, mean, chol, len(observations))
+    return Posterior(features, mean, chol, len(design.y))
 
 
-def log_evidence(features: Features, observations: Sequence[Observation], prior_mean: np.ndarray) -> float:
+def _log_evidence(features: Features, design: _Design, mu0: np.ndarray) -> float:
     """ln p(observations | prior): under the model, y ~ N(X mu0, X S0 Xᵀ + D)."""
-    if not observations:
+    if not len(design.y):
         return 0.0
-    x = features.matrix(o.params for o in observations)
-    y = np.array([o.mean for o in observations])
-    noise = MEASUREMENT_SD**2 / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2
-    cov = (x * features.prior_sd() ** 2) @ x.T + np.diag(noise)
+    cov = (design.x * features.prior_sd() ** 2) @ design.x.T + np.diag(design.noise)
     chol = np.linalg.cholesky(cov)
-    z = np.linalg.solve(chol, y - x @ prior_mean)
-    return float(-0.5 * z @ z - np.log(np.diag(chol)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+    z = np.linalg.solve(chol, design.y - design.x @ mu0)
+    return float(-0.5 * z @ z - np.log(np.diag(chol)).sum() - 0.5 * len(design.y) * math.log(2 * math.pi))
 
 
 @dataclass(frozen=True)
@@ -190,17 +208,15 @@ def fit_with_transfer(
 ) -> Posterior | Mixture:
     """The posterior given ``observations``; with ``transferred`` prior means, the mixture of the plain and
     the transferred hypothesis, each weighed by its evidence (prior odds 1:1)."""
-    plain = fit(features, observations)
+    design = _Design.of(features, observations)
+    zero = np.zeros(len(features.names))
+    plain = _fit(features, design, zero)
     if not transferred:
         return plain
-    moved = fit(features, observations, transferred)
-    mu0 = np.zeros(len(features.names))
-    for name, value in transferred.items():
-        if name in features.index:
-            mu0[features.index[name]] = value
-    log_plain = log_evidence(features, observations, np.zeros(len(features.names)))
-    log_moved = log_evidence(features, observations, mu0)
-    weight = 1.0 / (1.0 + math.exp(min(log_plain - log_moved, 700.0)))
+    mu0 = features.vector(transferred)
+    moved = _fit(features, design, mu0)
+    log_odds = _log_evidence(features, design, zero) - _log_evidence(features, design, mu0)
+    weight = 1.0 / (1.0 + math.exp(min(log_odds, 700.0)))
     return Mixture(plain, moved, weight)
 
 
