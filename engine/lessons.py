@@ -18,8 +18,8 @@ parameter names such as ``SIMD=1``, as a hint that its own evidence soon outweig
 
 from __future__ import annotations
 
-import json
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import UserError
 from engine.eventstore import EventStore
-from engine.lessons_projection import ALL, PROJECTION, catch_up_lessons
+from engine.lessons_projection import ALL, PROJECTION, catch_up_lessons, params_of
 from engine.projections import checkpoint_of
 
 FAMILY_WEIGHT = 0.5
@@ -415,17 +415,14 @@ def _setting_evidence(rows: Sequence[asyncpg.Record | dict[str, Any]]) -> list[S
     evidence = []
     for row in sorted(kept, key=lambda r: (r["problem"], r["candidate_id"])):
         samples = list(row["log_speedup_samples"])
-        mean = _mean(samples)
-        var = math.fsum((s - mean) ** 2 for s in samples) / (len(samples) - 1) if len(samples) > 1 else 0.0
-        params = row["params"]
         evidence.append(
             SettingEvidence(
                 problem=row["problem"],
                 candidate_id=row["candidate_id"],
-                params=dict(json.loads(params) if isinstance(params, str) else params),
+                params=params_of(row["params"]),
                 n=len(samples),
-                log_speedup_mean=mean,
-                log_speedup_var=var,
+                log_speedup_mean=_mean(samples),
+                log_speedup_var=statistics.variance(samples) if len(samples) > 1 else 0.0,
             )
         )
     return evidence

@@ -426,7 +426,7 @@ class _Fold:
             self.settings[key] = (
                 None
                 if row is None
-                else _Setting(_params_of(row["params"]), list(row["log_speedup_samples"]), row["last_position"])
+                else _Setting(params_of(row["params"]), list(row["log_speedup_samples"]), row["last_position"])
             )
         setting = self.settings[key]
         if setting is None:
@@ -568,13 +568,13 @@ _HANDLERS = {
 def _candidate_from_row(row: asyncpg.Record) -> _Candidate:
     return _Candidate(
         parent_id=row["parent_id"],
-        params=_params_of(row["params"]),
+        params=params_of(row["params"]),
         changes=list(row["changes"]),
         introduced=list(row["introduced"]),
     )
 
 
-def _params_of(value: Any) -> dict[str, Any]:
+def params_of(value: Any) -> dict[str, Any]:
     """A jsonb params column as a dict (asyncpg returns jsonb as text without a codec)."""
     return dict(json.loads(value) if isinstance(value, str) else value)
 
