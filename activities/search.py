@@ -19,13 +19,13 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from engine.cpu_backend import artifact_path, compile_source
 from engine.errors import UserError
-from engine.evaluation import Reference, benchmark_artifact, validate_artifact
 from engine.events import NewEvent, RecordedEvent
 from engine.eventstore import EventStore
 from engine.evidence_index import recorded_evidence, recorded_payload
 from engine.hardware import cpu_target, hardware_fingerprint
+from engine.harness.cpu import artifact_path, compile_source
+from engine.harness.evaluation import Reference, benchmark_artifact, validate_artifact
 from engine.lessons import lessons_for
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for

@@ -34,13 +34,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact  # after the path set-up
-from engine.cpu_backend import compile_source
 from engine.hardware import hardware_fingerprint, pinned_cpus
+from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact  # after the path set-up
+from engine.harness.cpu import compile_source
+from engine.harness.sandbox import describe_isolation
+from engine.harness.validation import validate_artifact
+from engine.harness.verdicts import Verdict
 from engine.problems import Problem, builtin_problems, load_problem
-from engine.sandbox import describe_isolation
-from engine.validation import validate_artifact
-from engine.verdicts import Verdict
 
 
 def instances(problem: Problem, count: int) -> list[str]:
@@ -101,7 +101,7 @@ def empty_call_ns(problem: Problem, cache: Path) -> float:
     body = "".join(f"(void){p.name};" for p in problem.params)
     compiled = compile_source(problem, f"#include <stdint.h>\n{problem.signature} {{ {body} }}\n", cache_dir=cache)
     assert compiled.artifact_id is not None, compiled.first_error
-    from engine.cpu_backend import artifact_path
+    from engine.harness.cpu import artifact_path
 
     library = ctypes.CDLL(str(artifact_path(compiled.artifact_id, cache)))
     function = getattr(library, problem.entry)

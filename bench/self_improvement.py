@@ -47,8 +47,8 @@ from local_stack import local_postgres, local_temporal
 from local_stack import run_search as run_to_end
 from temporalio.client import Client
 
-from engine.benchmarking import Reference, benchmark_artifact
 from engine.eventstore import EventStore
+from engine.harness.benchmarking import Reference, benchmark_artifact
 from engine.lessons import lessons_for
 from engine.migrations import migrate
 from engine.problems import load_problem

@@ -3,7 +3,7 @@
 A speedup is only meaningful next to the hardware it was measured on, so every benchmark report carries a
 :class:`HardwareFingerprint`. :func:`cpu_target` names the worker's CPU kind (``cpu-x86_64-avx512``…); it is
 the suffix of the task queue a worker polls. The measured limits used by the roofline check (memory
-bandwidth, peak flops) are :class:`MachineLimits`, measured in the sandbox by ``engine.benchmarking``.
+bandwidth, peak flops) are :class:`MachineLimits`, measured in the sandbox by ``engine.harness.benchmarking``.
 """
 
 from __future__ import annotations

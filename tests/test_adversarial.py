@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from process_table import survivors
 
-from engine.benchmarking import Reference, benchmark_artifact
-from engine.cpu_backend import DEFAULT_FLAGS, compile_source
+from engine.harness.benchmarking import Reference, benchmark_artifact
+from engine.harness.cpu import DEFAULT_FLAGS, compile_source
+from engine.harness.sandbox import Isolation, isolation_support
+from engine.harness.validation import validate_artifact
+from engine.harness.verdicts import BenchmarkReport, ValidationReport, Verdict
 from engine.problems import Problem, load_problem
-from engine.sandbox import Isolation, isolation_support
-from engine.validation import validate_artifact
-from engine.verdicts import BenchmarkReport, ValidationReport, Verdict
 
 CORPUS = Path(__file__).parent / "adversarial"
 PLACEHOLDER = re.compile(r"\{\{[A-Z]+\}\}")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.cpu_backend import DEFAULT_FLAGS, artifact_path, compile_source, disallowed_flags
 from engine.hardware import cpu_target, hardware_fingerprint
+from engine.harness.cpu import DEFAULT_FLAGS, artifact_path, compile_source, disallowed_flags
+from engine.harness.verdicts import Verdict
 from engine.problems import builtin_problems, load_problem
-from engine.verdicts import Verdict
 
 HEADER = "#include <math.h>\n#include <stdint.h>\n"
 SOFTMAX_ARGS = "const float *x, float *y, int64_t rows, int64_t cols"

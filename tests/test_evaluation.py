@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.benchmarking import Reference, benchmark_artifact, pool_slots
 from engine.cli import main as kf
-from engine.cpu_backend import compile_source
 from engine.errors import UnknownProblemError
-from engine.evaluation import evaluate
+from engine.harness.benchmarking import Reference, benchmark_artifact, pool_slots
+from engine.harness.cpu import compile_source
+from engine.harness.evaluation import evaluate
+from engine.harness.stats import speedup_with_intervals
+from engine.harness.validation import ArtifactNotFound, validate_artifact
+from engine.harness.verdicts import Verdict
 from engine.problems import Problem, builtin_problems, load_problem
-from engine.stats import speedup_with_intervals
-from engine.validation import ArtifactNotFound, validate_artifact
-from engine.verdicts import Verdict
 
 BUDGET_S = 0.4
 

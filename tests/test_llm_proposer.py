@@ -176,8 +176,8 @@ def context_for(problem: Problem, **fields: Any) -> ProposalContext:
 
 def harness() -> tuple[Any, Any]:
     """The compile and validate functions of the CPU harness."""
-    cpu_backend = pytest.importorskip("engine.cpu_backend")
-    evaluation = pytest.importorskip("engine.evaluation")
+    cpu_backend = pytest.importorskip("engine.harness.cpu")
+    evaluation = pytest.importorskip("engine.harness.evaluation")
     return cpu_backend.compile_source, evaluation.validate_artifact
 
 

@@ -1,6 +1,6 @@
 """The sandbox: limits, clean environment, private directory, affinity, and no process outliving a run.
 
-Commands here are small Python programs run under engine/harness_child.py's init, exactly as candidates
+Commands here are small Python programs run under engine/harness/child.py's init, exactly as candidates
 and the compiler are. Tests that need namespaces are skipped where the machine has none; the
 process-group fallback is tested everywhere.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from process_table import survivors
 
-from engine.sandbox import CpuLease, Isolation, Sandbox, SandboxLimits, SandboxOutcome, isolation_support
+from engine.harness.sandbox import CpuLease, Isolation, Sandbox, SandboxLimits, SandboxOutcome, isolation_support
 
 NAMESPACES = isolation_support().isolation == Isolation.namespaces
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="unshare(1) namespaces unavailable here")

@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.benchmarking import DEFAULT_BUDGET_S
-from engine.cpu_backend import DEFAULT_FLAGS
 from engine.errors import UserError
-from engine.evaluation import evaluate
+from engine.harness.benchmarking import DEFAULT_BUDGET_S
+from engine.harness.cpu import DEFAULT_FLAGS
+from engine.harness.evaluation import evaluate
+from engine.harness.verdicts import Evaluation, Verdict
 from engine.problems import load_problem
-from engine.verdicts import Evaluation, Verdict
 
 
 def register(subparsers: Any) -> None:

@@ -14,7 +14,7 @@ but the standard library (and numpy for the worker):
     trials in guarded buffers with NaN-prefilled outputs, interleaved timed rounds against reference
     points, or a calibration of the machine's bandwidth and peak.
 
-Protocol with the parent (engine/sandbox.py, engine/validation.py, engine/benchmarking.py): the parent writes
+Protocol with the parent (sandbox.py, validation.py, benchmarking.py beside this file): the parent writes
 ``plan.json`` and every validation input (``.npy``) into the private directory. The worker appends JSON lines
 to ``progress.jsonl`` with unbuffered ``write`` calls, so each line survives a crash right after it, and
 writes what the parent must judge: whole guarded regions (``.bin``) after each trial, timings (``.npy``),
@@ -160,7 +160,7 @@ def _drop_capabilities() -> None:
 def init_main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="harness_child.py init")
+    parser = argparse.ArgumentParser(prog="child.py init")
     parser.add_argument("--status", required=True, type=Path)
     parser.add_argument("--as-bytes", type=int, required=True)
     parser.add_argument("--cpu-seconds", type=int, required=True)

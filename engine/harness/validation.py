@@ -1,7 +1,7 @@
 """Validation: is a compiled candidate correct? Judged here, in the trusted parent, never in the child.
 
 For every validation shape × seed × input distribution the parent generates fresh inputs (from a seed it
-records) and writes them into the sandbox. The worker (engine/harness_child.py) places every buffer inside
+records) and writes them into the sandbox. The worker (engine/harness/child.py) places every buffer inside
 a larger allocation with random guard bytes before and after it, fills outputs with NaN, calls the
 candidate, and hands back the whole allocation. The parent then regenerates the inputs from their seed
 (the child could have rewritten its files), computes the float64 reference, rounds it to the output dtype
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.cpu_backend import artifact_path, harness_shim
 from engine.errors import UserError
+from engine.harness.cpu import artifact_path, harness_shim
+from engine.harness.sandbox import Sandbox, SandboxLimits, SandboxOutcome
+from engine.harness.verdicts import CaseEvidence, ValidationReport, Verdict
 from engine.problems import DTYPES, Problem
-from engine.sandbox import Sandbox, SandboxLimits, SandboxOutcome
-from engine.verdicts import CaseEvidence, ValidationReport, Verdict
 
 GUARD_BYTES = 1024
 DEFAULT_CALL_TIMEOUT_S = 10.0
@@ -325,7 +325,7 @@ class HarnessRun:
         if not source.is_file():
             raise ArtifactNotFound(
                 f"artifact {artifact_id} is not in this machine's cache ({source}); compile the source here "
-                "first (engine.cpu_backend.compile_source)"
+                "first (engine.harness.cpu.compile_source)"
             )
         names = [f"{label}.{copy}.so" for copy in range(copies)]
         for name in names:

@@ -16,7 +16,7 @@ call), never by the candidate:
    caught).
 
 The parent computes per-shape paired median ratios and the weighted geometric mean with block-bootstrap
-intervals (engine.stats), and rejects a candidate measured faster than the roofline bound allows
+intervals (engine.harness.stats), and rejects a candidate measured faster than the roofline bound allows
 (``impossible``): bytes moved / measured bandwidth or flops / measured peak, whichever is larger, with
 a generous safety factor. Bandwidth and peak are measured once per machine and thread budget, in the
 sandbox, and cached under the cache folder.
@@ -36,10 +36,9 @@ from pydantic import BaseModel, Field
 
 from engine import config
 from engine.hardware import MachineLimits, hardware_fingerprint, hardware_key, llc_bytes
-from engine.problems import DTYPES, Problem
-from engine.sandbox import SandboxLimits
-from engine.stats import speedup_with_intervals
-from engine.validation import (
+from engine.harness.sandbox import SandboxLimits
+from engine.harness.stats import speedup_with_intervals
+from engine.harness.validation import (
     DEFAULT_CALL_TIMEOUT_S,
     HarnessRun,
     TrialChecker,
@@ -50,7 +49,8 @@ from engine.validation import (
     verdict_from_outcome,
     write_validation_phase,
 )
-from engine.verdicts import BenchmarkReport, CaseEvidence, ShapeTiming, Verdict
+from engine.harness.verdicts import BenchmarkReport, CaseEvidence, ShapeTiming, Verdict
+from engine.problems import DTYPES, Problem
 
 DEFAULT_BUDGET_S = 2.0
 # A pool of inputs at least this many times the LLC, so most calls miss the cache ...
@@ -66,7 +66,7 @@ ROOFLINE_SAFETY = 8.0
 CHECKED_TIMED_CALLS = 4
 # How long a benchmark waits for CPUs no other sandbox on the machine holds before timing on shared ones.
 EXCLUSIVE_WAIT_S = 120.0
-# Must match harness_child.BUMP_STEP: benchmark inputs drift by this much per use (see there).
+# Must match child.BUMP_STEP: benchmark inputs drift by this much per use (see there).
 BUMP_STEP = 1 / 64
 # How many separately loaded copies of each artifact take turns in the timed calls. More than one would
 # average code placement within a run, but splits the kernel's static state between copies (a kernel
@@ -349,7 +349,7 @@ def _check_timed_outputs(
         bump = int(check.get("bump", -1))
         bumped = next((p for p in problem.params if p.role != "out" and p.is_array and "float" in p.dtype), None)
         if bump >= 0 and bumped is not None:
-            # Replay the child's change to the first element (same float32 arithmetic; harness_child.py).
+            # Replay the child's change to the first element (same float32 arithmetic; child.py).
             array = inputs[bumped.name]
             array.reshape(-1)[0] = array.reshape(-1)[0] + np.float32((bump + 1) * BUMP_STEP)
         reference = problem.reference(inputs, shape)

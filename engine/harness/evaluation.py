@@ -4,9 +4,9 @@ The workflow's activities call the three steps separately (each on its own queue
 event); ``kf evaluate`` and tests call :func:`evaluate`, which chains them and stops at the first verdict
 that is not ok::
 
-    compile_source(problem, source, flags)            -> CompileResult      (engine.cpu_backend)
-    validate_artifact(problem, artifact_id, ...)      -> ValidationReport   (engine.validation)
-    benchmark_artifact(problem, artifact_id, refs...) -> [BenchmarkReport]  (engine.benchmarking)
+    compile_source(problem, source, flags)            -> CompileResult      (engine.harness.cpu)
+    validate_artifact(problem, artifact_id, ...)      -> ValidationReport   (engine.harness.validation)
+    benchmark_artifact(problem, artifact_id, refs...) -> [BenchmarkReport]  (engine.harness.benchmarking)
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact
-from engine.cpu_backend import DEFAULT_FLAGS, compile_source
 from engine.errors import UserError
-from engine.problems import Problem, load_problem
-from engine.validation import validate_artifact
-from engine.verdicts import (
+from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact
+from engine.harness.cpu import DEFAULT_FLAGS, compile_source
+from engine.harness.validation import validate_artifact
+from engine.harness.verdicts import (
     BenchmarkReport,
     CaseEvidence,
     CompileResult,
@@ -27,6 +26,7 @@ from engine.verdicts import (
     ValidationReport,
     Verdict,
 )
+from engine.problems import Problem, load_problem
 
 __all__ = [
     "BenchmarkReport",

@@ -2,7 +2,7 @@
 verdict, never the calling process.
 
 A :class:`Sandbox` is a private directory plus the means to run a command in it under
-``engine/harness_child.py init``, which applies the limits below and starts the command:
+``engine/harness/child.py init``, which applies the limits below and starts the command:
 
 - resource limits: address space (``RLIMIT_AS``), CPU seconds (``RLIMIT_CPU``: SIGXCPU, then SIGKILL),
   file size (``RLIMIT_FSIZE``), processes (``RLIMIT_NPROC``), no core dumps;
@@ -39,7 +39,7 @@ pids cgroup holds it.
 
 Not defended, in either mode: a candidate is native code in the harness's process, so a determined one
 could tamper with the harness's timer or its progress log. Correctness is always judged in the parent,
-and the roofline bound rejects timings that are physically impossible; see engine/benchmarking.py.
+and the roofline bound rejects timings that are physically impossible; see engine/harness/benchmarking.py.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from typing import Any
 
 from engine.hardware import pinned_cpus
 
-HARNESS_CHILD = Path(__file__).with_name("harness_child.py")
+HARNESS_CHILD = Path(__file__).with_name("child.py")
 UNSHARE_FLAGS = ["--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc"]
 OUTPUT_TAIL_BYTES = 4096
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -457,7 +457,7 @@ class Sandbox:
         return env
 
     def worker_command(self, *args: str) -> list[str]:
-        """The harness worker (engine/harness_child.py) as a command for :meth:`run`."""
+        """The harness worker (engine/harness/child.py) as a command for :meth:`run`."""
         return [sys.executable, "-I", str(HARNESS_CHILD), "worker", *args]
 
     def run(

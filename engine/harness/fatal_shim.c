@@ -1,4 +1,4 @@
-/* Fatal-signal reporter loaded by the harness child (engine/harness_child.py) before any candidate.
+/* Fatal-signal reporter loaded by the harness child (engine/harness/child.py) before any candidate.
  *
  * When the candidate dies from SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT or SIGSYS, the handler writes one
  * line to the progress log -- the signal, the fault address and the process's VmSize/VmPeak -- and then

@@ -3,7 +3,7 @@
 The system C compiler runs in the sandbox (a source can ``#include`` any file it can read, and a
 compiler can be made to loop), with allow-listed flags only. The artifact id is the hash of everything
 that determines the binary: source, flags, compiler version, CPU target, the problem's entry point and
-signature, and the harness's fixed flags. A failure is a :class:`~engine.verdicts.CompileResult` with a
+signature, and the harness's fixed flags. A failure is a :class:`~engine.harness.verdicts.CompileResult` with a
 category and the compiler's first error, never an exception: a failing candidate is data.
 
 Two checks catch an entry point that would link but misbehave:
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from engine import config
 from engine.hardware import c_compiler, compiler_version, cpu_target
+from engine.harness.sandbox import Sandbox, SandboxLimits
+from engine.harness.verdicts import CompileResult, Verdict
 from engine.problems import Problem
-from engine.sandbox import Sandbox, SandboxLimits
-from engine.verdicts import CompileResult, Verdict
 
 # Bumped when the harness changes how it builds or calls artifacts: old cache entries then miss.
 HARNESS_ABI = "kf-cpu-1"
@@ -184,7 +184,7 @@ def compile_source(
                 "error_category": "disallowed_flag",
                 "first_error": (
                     f"flag(s) {bad} are not allowed; use optimisation and code-generation flags such as "
-                    f"{DEFAULT_FLAGS} or -DNAME=VALUE (see engine.cpu_backend.ALLOWED_FLAGS)"
+                    f"{DEFAULT_FLAGS} or -DNAME=VALUE (see engine.harness.cpu.ALLOWED_FLAGS)"
                 ),
             }
         )
@@ -260,11 +260,11 @@ def _compile(
     return base.model_copy(update={"verdict": Verdict.ok, "artifact_id": artifact_id, "log": log[-LOG_LIMIT:]})
 
 
-SHIM_SOURCE = Path(__file__).with_name("harness_shim.c")
+SHIM_SOURCE = Path(__file__).with_name("fatal_shim.c")
 
 
 def harness_shim(cache_dir: Path | None = None) -> Path | None:
-    """The harness's fatal-signal reporter (engine/harness_shim.c) compiled for this machine, cached; None
+    """The harness's fatal-signal reporter (engine/harness/fatal_shim.c) compiled for this machine, cached; None
     when it cannot be built (the harness then still works, with less crash evidence)."""
     source = SHIM_SOURCE.read_bytes()
     digest = hashlib.sha256(source + compiler_version().encode()).hexdigest()[:16]
