@@ -65,7 +65,8 @@ from typing import Any
 
 from engine.hardware import pinned_cpus
 
-HARNESS_CHILD = Path(__file__).with_name("child.py")
+SANDBOX_INIT = Path(__file__).with_name("init.py")
+HARNESS_WORKER = Path(__file__).with_name("worker.py")
 UNSHARE_FLAGS = ["--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc"]
 OUTPUT_TAIL_BYTES = 4096
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -458,7 +459,7 @@ class Sandbox:
 
     def worker_command(self, *args: str) -> list[str]:
         """The harness worker (engine/harness/child.py) as a command for :meth:`run`."""
-        return [sys.executable, "-I", str(HARNESS_CHILD), "worker", *args]
+        return [sys.executable, "-I", str(HARNESS_WORKER), *args]
 
     def run(
         self,
@@ -481,8 +482,7 @@ class Sandbox:
             sys.executable,
             "-I",
             "-S",
-            str(HARNESS_CHILD),
-            "init",
+            str(SANDBOX_INIT),
             "--status",
             str(status_path),
             "--as-bytes",
