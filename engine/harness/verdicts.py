@@ -13,6 +13,12 @@ A verdict names what happened, from the candidate's point of view:
 - ``timeout``: a call ran past its wall-clock limit or the process ran out of CPU time.
 - ``resource_limit``: memory beyond the address-space limit, forked processes or threads left running
   after a call returned, or a CPU affinity changed by the candidate.
+- ``forbidden``: the built library or the running candidate did something no kernel may: a constructor,
+  destructor or load-time resolver, an undefined symbol outside the allow-list (file, process, network or
+  clock functions…), or a system call the sandbox's seccomp filter refuses. The evidence names the symbol,
+  section or system call.
+- ``harness_error``: the judge itself failed (the sandbox could not start, the child reported nothing that
+  the kernel can be shown to have caused): not the kernel's verdict, never counted or reused as one.
 - ``impossible``: measured faster than the roofline bound of this machine allows (bytes moved / measured
   bandwidth, flops / measured peak, with a generous safety factor): the timing cannot be trusted.
 """
@@ -36,6 +42,8 @@ class Verdict(StrEnum):
     timeout = "timeout"
     resource_limit = "resource_limit"
     impossible = "impossible"
+    forbidden = "forbidden"
+    harness_error = "harness_error"
 
 
 class CompileResult(BaseModel):
