@@ -3,8 +3,8 @@ this test process survives them all.
 
 Each file's header says what to expect (see tests/adversarial/README.md). Files with placeholders are run
 by the dedicated tests below, which also check what the verdict alone cannot show: that no connection
-reached the test's listener, that no forked or daemonised process outlived the verdict, and that the
-parent's secrets stayed out of the sandbox.
+reached the test's listener. Files at `stage: compile` are refused by the screen of the built library
+(engine/harness/screen.py) before anything runs.
 """
 
 from __future__ import annotations
@@ -12,17 +12,14 @@ from __future__ import annotations
 import re
 import secrets
 import socket
-import time
 from pathlib import Path
 
 import pytest
-from process_table import survivors
 
 from engine.harness.benchmarking import Reference, benchmark_artifact
 from engine.harness.cpu import DEFAULT_FLAGS, compile_source
-from engine.harness.sandbox import Isolation, isolation_support
 from engine.harness.validation import validate_artifact
-from engine.harness.verdicts import BenchmarkReport, ValidationReport, Verdict
+from engine.harness.verdicts import BenchmarkReport, CompileResult, ValidationReport, Verdict
 from engine.problems import Problem, load_problem
 
 CORPUS = Path(__file__).parent / "adversarial"
@@ -61,6 +58,15 @@ def compiled(problem: Problem, source: str, cache: Path) -> str:
     return result.artifact_id
 
 
+def refused(problem: Problem, source: str, cache: Path, symbol: str) -> CompileResult:
+    """Compile ``source``, expecting the screen to refuse it and to name ``symbol`` among its violations."""
+    result = compile_source(problem, source, DEFAULT_FLAGS, cache_dir=cache)
+    assert result.verdict == Verdict.forbidden, result.model_dump_json(indent=1)
+    assert result.artifact_id is None and result.first_error
+    assert symbol in {violation.name for violation in result.screen}, result.screen
+    return result
+
+
 def validate(problem: Problem, source: str, cache: Path, isolation: str = "auto") -> ValidationReport:
     artifact = compiled(problem, source, cache)
     return validate_artifact(
@@ -85,6 +91,14 @@ def test_corpus_file_gets_its_verdict(path: Path, cache: Path) -> None:
     if "dedicated" in expect:
         pytest.skip(f"checked by {expect['dedicated']}")
     problem = load_problem(expect.get("problem", "softmax"))
+    if expect["stage"] == "compile":
+        result = compile_source(problem, source, DEFAULT_FLAGS, cache_dir=cache)
+        assert result.verdict == expect["expect"], result.model_dump_json(indent=1)
+        if "check" in expect:
+            assert result.screen and result.screen[0].kind == expect["check"], result.screen
+        if "names" in expect:
+            assert expect["names"] in {violation.name for violation in result.screen}, result.screen
+        return
     validation = validate(problem, source, cache)
     if expect["stage"] == "validate":
         assert validation.verdict == expect["expect"], validation.model_dump_json(indent=1)
@@ -123,17 +137,21 @@ def test_wrong_output_evidence_is_reproducible(cache: Path) -> None:
     assert again["x"].shape == (case.shape["rows"], case.shape["cols"])
 
 
-def test_sleeping_through_warm_up_does_not_look_faster(cache: Path) -> None:
+def test_sleeping_through_warm_up_is_forbidden(cache: Path) -> None:
+    refused(load_problem("softmax"), (CORPUS / "sleepy_warmup.c").read_text(), cache, "nanosleep")
+
+
+def test_stalling_through_warm_up_does_not_look_faster(cache: Path) -> None:
     problem = load_problem("softmax")
     seed_artifact = compiled(problem, problem.seed_source(), cache)
     report = benchmark(
         problem,
-        (CORPUS / "sleepy_warmup.c").read_text(),
+        (CORPUS / "busy_warmup.c").read_text(),
         cache,
         Reference(kind="artifact", artifact_id=seed_artifact, label="seed"),
     )
     assert report.verdict == Verdict.ok
-    assert report.ci_low <= 1.0, f"a kernel that only sleeps more came out faster: {report.message}"
+    assert report.ci_low <= 1.0, f"a kernel that only stalls more came out faster: {report.message}"
 
 
 def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:
@@ -143,48 +161,28 @@ def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:
     assert report.cases[0].check == "roofline"
 
 
-def test_secrets_of_the_parent_stay_out(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KF_TEST_SECRET", "sk-" + secrets.token_hex(8))
-    report = validate(load_problem("softmax"), (CORPUS / "env_secret.c").read_text(), cache)
-    assert report.verdict == Verdict.ok, report.message  # the candidate aborts when it finds the secret
+def test_secrets_of_the_parent_are_not_even_looked_for(cache: Path) -> None:
+    # The candidate would read its environment and every /proc/<pid>/environ; it never runs.
+    refused(load_problem("softmax"), (CORPUS / "env_secret.c").read_text(), cache, "getenv")
 
 
-@pytest.mark.skipif(
-    isolation_support().isolation != Isolation.namespaces, reason="no network namespace on this machine"
-)
-def test_no_connection_leaves_the_sandbox(cache: Path) -> None:
+def test_phoning_home_is_forbidden_and_no_connection_arrives(cache: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         listener.setblocking(False)
         port = listener.getsockname()[1]
         source = (CORPUS / "network.c").read_text().replace("{{PORT}}", str(port))
-        report = validate(load_problem("softmax"), source, cache)
-        assert report.verdict == Verdict.ok, report.message
+        refused(load_problem("softmax"), source, cache, "socket")
         with pytest.raises(BlockingIOError):
             listener.accept()
 
 
-def wait_for_no_survivors(token: str, seconds: float = 2.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (alive := survivors(token)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
+def test_fork_bomb_is_forbidden(cache: Path) -> None:
+    source = (CORPUS / "fork_bomb.c").read_text().replace("{{TOKEN}}", secrets.token_hex(4))
+    refused(load_problem("softmax"), source, cache, "fork")
 
 
-def test_fork_bomb_is_contained(cache: Path) -> None:
-    token = secrets.token_hex(4)
-    source = (CORPUS / "fork_bomb.c").read_text().replace("{{TOKEN}}", token)
-    report = validate(load_problem("softmax"), source, cache)
-    assert report.verdict == Verdict.resource_limit, report.message
-    assert report.cases[0].check == "processes"
-    assert wait_for_no_survivors(token) == []
-
-
-@pytest.mark.parametrize("isolation", ["auto", "process-group"])
-def test_daemonised_grandchild_does_not_outlive_the_verdict(cache: Path, isolation: str) -> None:
-    token = secrets.token_hex(4)
-    source = (CORPUS / "setsid_grandchild.c").read_text().replace("{{TOKEN}}", token)
-    report = validate(load_problem("softmax"), source, cache, isolation=isolation)
-    assert report.verdict == Verdict.resource_limit, report.message
-    assert wait_for_no_survivors(token) == []
+def test_daemonising_is_forbidden(cache: Path) -> None:
+    source = (CORPUS / "setsid_grandchild.c").read_text().replace("{{TOKEN}}", secrets.token_hex(4))
+    refused(load_problem("softmax"), source, cache, "setsid")

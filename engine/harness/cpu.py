@@ -1,10 +1,11 @@
 """The CPU backend: compile a candidate's C source into a shared library, content-addressed and cached.
 
-The system C compiler runs in the sandbox (a source can ``#include`` any file it can read, and a
-compiler can be made to loop), with allow-listed flags only. The artifact id is the hash of everything
-that determines the binary: source, flags, compiler version, CPU target, the problem's entry point and
-signature, and the harness's fixed flags. A failure is a :class:`~engine.harness.verdicts.CompileResult` with a
-category and the compiler's first error, never an exception: a failing candidate is data.
+The system C compiler runs in the sandbox (a compiler can be made to loop), with allow-listed flags only,
+and only on a source whose includes name headers, not paths (:mod:`engine.harness.includes`). The artifact
+id is the hash of everything that determines the binary: source, flags, compiler version, CPU target, the
+problem's entry point and signature, and the harness's fixed flags. A failure is a
+:class:`~engine.harness.verdicts.CompileResult` with a category and the compiler's first error, never an
+exception: a failing candidate is data.
 
 Two checks catch an entry point that would link but misbehave:
 
@@ -14,6 +15,11 @@ Two checks catch an entry point that would link but misbehave:
 
 What the compiler cannot see -- a kernel that reads arguments its prototype does not declare through
 inline assembly, say -- is caught by validation as a wrong answer or a crash.
+
+A library that links is then screened (:mod:`engine.harness.screen`): a constructor, an IFUNC, an import
+outside the allow-list (files, processes, network, clock…) or a foreign dependency makes the verdict
+``forbidden``, recorded and cached like a compile error. The harness screens an artifact again just before
+loading it (:func:`screen_artifact`), so a tampered cache cannot slip past.
 """
 
 from __future__ import annotations
@@ -31,19 +37,24 @@ from pathlib import Path
 
 from engine import config
 from engine.hardware import c_compiler, compiler_version, cpu_target
+from engine.harness.includes import include_refusal
 from engine.harness.sandbox import Sandbox, SandboxLimits
+from engine.harness.screen import ScreenResult, screen_library
 from engine.harness.verdicts import CompileResult, Verdict
 from engine.problems import Problem
 
 # Bumped when the harness changes how it builds or calls artifacts: old cache entries then miss.
-HARNESS_ABI = "kf-cpu-1"
+HARNESS_ABI = "kf-cpu-2"
 DEFAULT_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 # Always added. `--no-undefined` turns a call to a function that does not exist into a link error (a
 # shared library may otherwise leave it for load time); the -Werror ones turn silent miscompilations
-# (a math function used without its header returns int) into errors.
+# (a math function used without its header returns int) into errors. `-nostartfiles` leaves out the C
+# runtime's start files (crti, crtbegin…), whose _init/_fini and .init_array/.fini_array entries would
+# otherwise be in every library: the screen can then refuse any load-time code as the candidate's own.
 FORCED_FLAGS = [
     "-shared",
     "-fPIC",
+    "-nostartfiles",
     "-Wl,--no-undefined",
     "-Werror=implicit-function-declaration",
     "-Werror=implicit-int",
@@ -156,10 +167,13 @@ def _artifact_id(problem: Problem, source: str, flags: list[str]) -> str:
 
 
 def _with_signature_check(problem: Problem, source: str) -> str:
-    # Appended, not prepended: line numbers in the candidate's errors stay its own.
+    # Appended, not prepended: line numbers in the candidate's errors stay its own. `__dso_handle` is defined by
+    # crtbegin, which -nostartfiles leaves out; without it atexit() fails to link with a puzzling "undefined
+    # reference to __dso_handle", and with it the screen names the exit handler for what it is.
     return (
         f"{source}\n\n/* appended by the harness: the entry point must match the problem's C ABI */\n"
         f"#include <stdint.h>\n{problem.signature};\n"
+        '__attribute__((visibility("hidden"))) void *const __dso_handle = (void *)&__dso_handle;\n'
     )
 
 
@@ -188,6 +202,10 @@ def compile_source(
                 ),
             }
         )
+    refusal = include_refusal(source)
+    if refusal:
+        # Refused before the compiler runs: `#include "/dev/zero"` would keep it busy until its memory limit.
+        return base.model_copy(update={"error_category": "include", "first_error": refusal})
     done = cache / "artifacts" / artifact_id / "compile.json"
     failed = cache / "compile-errors" / f"{artifact_id}.json"
     for record in (done, failed):
@@ -236,6 +254,18 @@ def _compile(
                 first = outcome.setup_error or f"the compiler died from signal {outcome.signal}"
             return base.model_copy(update={"error_category": category, "first_error": first, "log": log[-LOG_LIMIT:]})
         library = sandbox.dir / "kernel.so"
+        screen = screen_library(library)
+        if not screen.ok:
+            violation = screen.violations[0]
+            return base.model_copy(
+                update={
+                    "verdict": Verdict.forbidden,
+                    "error_category": f"forbidden_{violation.kind}",
+                    "first_error": violation.message,
+                    "screen": screen.violations,
+                    "log": log[-LOG_LIMIT:],
+                }
+            )
         exported = _exported_functions(library)
         if problem.entry not in exported:
             local = problem.entry in _defined_symbols(library)
@@ -258,6 +288,12 @@ def _compile(
         os.replace(tmp, final)
         (final.parent / "kernel.c").write_text(source)
     return base.model_copy(update={"verdict": Verdict.ok, "artifact_id": artifact_id, "log": log[-LOG_LIMIT:]})
+
+
+def screen_artifact(artifact_id: str, cache_dir: Path | None = None) -> ScreenResult:
+    """The screen of a cached artifact, read again from disk: call it just before loading the library, so that
+    one changed in the cache after it was built is refused too (a missing file is a ``not_elf`` violation)."""
+    return screen_library(artifact_path(artifact_id, cache_dir))
 
 
 SHIM_SOURCE = Path(__file__).with_name("fatal_shim.c")

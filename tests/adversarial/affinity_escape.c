@@ -1,7 +1,9 @@
-// expect: resource_limit
-// stage: validate
-// check: affinity
-/* Widens its CPU affinity to every core, escaping the thread budget. */
+// expect: forbidden
+// stage: compile
+// check: symbol
+// names: sched_setaffinity
+/* Widens its CPU affinity to every core, escaping the thread budget. Validation used to catch it
+ * (resource_limit, check affinity); the screen now refuses sched_setaffinity at compile time. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <sched.h>

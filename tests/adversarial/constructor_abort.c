@@ -1,7 +1,9 @@
-// expect: crash
-// stage: validate
-// check: signal
-/* Runs code when the library is loaded, before any call: the harness must survive that too. */
+// expect: forbidden
+// stage: compile
+// check: constructor
+// names: .init_array
+/* Runs code when the library is loaded, before any call. Validation used to catch it (crash, the abort's
+ * signal); the screen now refuses the constructor at compile time. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,7 +1,10 @@
-// expect: ok
-// stage: validate
+// expect: forbidden
+// stage: compile
+// check: symbol
+// names: getenv
 /* Looks for the caller's secrets: in its own environment and in every /proc/<pid>/environ it can read. It
- * aborts if it finds one, so verdict ok means it found none. */
+ * aborts if it finds one. Validation used to run it (ok: the sandbox's environment held no secret); the
+ * screen now refuses getenv, fopen and opendir at compile time. */
 #include <dirent.h>
 #include <math.h>
 #include <stdint.h>

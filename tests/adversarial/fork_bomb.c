@@ -1,8 +1,10 @@
-// expect: resource_limit
-// stage: validate
-// check: processes
+// expect: forbidden
+// stage: compile
+// check: symbol
+// names: fork
 /* Forks up to 200 children that sleep (bounded, so a broken sandbox cannot hurt the machine); each renames
- * itself kfb{{TOKEN}} so the test can look for survivors. */
+ * itself kfb{{TOKEN}} so the test can look for survivors. Validation used to catch it (resource_limit,
+ * check processes); the screen now refuses fork at compile time. */
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>

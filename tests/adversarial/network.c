@@ -1,6 +1,10 @@
-// expect: ok
-// stage: validate
-/* Tries to phone home to 127.0.0.1:{{PORT}} (a listener the test owns), then computes correctly. */
+// expect: forbidden
+// stage: compile
+// check: symbol
+// names: socket
+/* Tries to phone home to 127.0.0.1:{{PORT}} (a listener the test owns), then computes correctly. The
+ * sandbox's network namespace used to stop it (ok, no connection); the screen now refuses socket at compile
+ * time. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>

@@ -1,8 +1,10 @@
-// expect: resource_limit
-// stage: validate
-// check: processes
+// expect: forbidden
+// stage: compile
+// check: symbol
+// names: setsid
 /* Starts a daemon the classic way -- fork, setsid, fork again, parent exits -- that sleeps for a minute
- * under the name kfg{{TOKEN}}. It must not outlive the verdict. */
+ * under the name kfg{{TOKEN}}. It must not outlive the verdict. Validation used to catch it
+ * (resource_limit, check processes); the screen now refuses fork and setsid at compile time. */
 #include <math.h>
 #include <stdint.h>
 #include <sys/prctl.h>

@@ -1,7 +1,10 @@
-// expect: resource_limit
-// stage: validate
-// check: threads
-/* Returns a correct answer but leaves a thread spinning: work done after the return escapes timing. */
+// expect: forbidden
+// stage: compile
+// check: symbol
+// names: pthread_create
+/* Returns a correct answer but leaves a thread spinning: work done after the return escapes timing.
+ * Validation used to catch it (resource_limit, check threads); the screen now refuses pthread_create at
+ * compile time. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
