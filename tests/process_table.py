@@ -1,19 +1,19 @@
-"""Looking for processes a test's candidate may have left behind."""
+"""Looking for processes a test's candidate or sandbox may have left behind."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import psutil
 
 
 def survivors(token: str) -> list[int]:
     """Processes on this machine whose name carries ``token`` (set by the corpus with PR_SET_NAME)."""
     found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if token in Path(entry.path, "comm").read_text():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
+    for process in psutil.process_iter(["name"]):
+        if token in (process.info["name"] or ""):
+            found.append(process.pid)
     return found
+
+
+def processes_with_argument(token: str) -> list[psutil.Process]:
+    """Processes on this machine with ``token`` as one of their command-line arguments."""
+    return [process for process in psutil.process_iter(["cmdline"]) if token in (process.info["cmdline"] or [])]

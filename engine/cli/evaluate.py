@@ -3,7 +3,8 @@
     kf evaluate --problem softmax --source my.c [--flags "-O3 -march=native"] [--baseline reference|seed|FILE]
                 [--threads N] [--budget SECONDS] [--json]
 
-Exit status 0 only when the verdict is ok; 1 for any other verdict; 2 for bad input.
+Exit status 0 only when the verdict is ok; 1 for any other verdict; 2 for bad input; 143 when terminated
+(SIGTERM), after its sandboxes are killed and their folders removed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ from engine.harness.evaluation import evaluate
 from engine.harness.verdicts import Evaluation, Verdict
 from engine.problems import load_problem
 
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -29,7 +34,9 @@ def register(subparsers: Any) -> None:
         help="compile, validate and benchmark a kernel source",
         description=(
             "Compile a C kernel for a problem, validate it on fresh inputs in a sandbox, and time it against "
-            "a baseline, interleaved, with a 95%% confidence interval. Exit status 0 only for verdict ok."
+            "a baseline, interleaved, with a 95%% confidence interval. Exit status 0 only for verdict ok; 1 for "
+            f"any other verdict; 2 for bad input; {EXIT_TERMINATED} when terminated (SIGTERM), after its "
+            "sandboxes are cleaned up."
         ),
     )
     parser.add_argument("--problem", required=True, help="a built-in problem name or a problem folder")
@@ -60,7 +67,24 @@ def _read_source(path: str) -> str:
     return file.read_text()
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM becomes a normal exit, so every ``finally`` on the way out runs: sandboxes are killed and their
+    folders removed (the default action would end the process on the spot and leave both behind)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+    raise SystemExit(EXIT_TERMINATED)
+
+
 def run_evaluate(args: argparse.Namespace) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _evaluate(args)  # only the main thread may handle signals; its caller owns them
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _evaluate(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be at least 1")
     if args.budget <= 0:

@@ -2,14 +2,18 @@
 
 It is PID 1 of its own PID namespace, or a child subreaper in the fallback. It applies the resource limits
 and the CPU affinity, joins the pids cgroup, makes the file system read-only except the private directory,
-drops root privileges, starts the command, reaps every descendant, writes the command's exit status (and
-rusage) to ``--status``, and kills whatever the command left behind before it exits. Standard library only:
-it runs with ``python -I -S``.
+lowers its privileges (engine/harness/privileges.py: become ``--uid``, or stay uid 0 with no capability, or,
+for ``--late-drop``, with only the two the command needs to become another user itself), starts the command
+with nothing open but standard input, output, error and ``--pass-fds``, reaps every descendant, and kills
+whatever the command left behind before it exits. The command's exit status (and rusage) goes to the
+supervisor as one JSON line on ``--status-fd``, a pipe: never through a file in the private directory, which
+the command may have filled with links. Standard library only: it runs with ``python -I -S``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import resource
@@ -19,16 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 EXIT_SETUP_FAILED = 70
 
 
-def _prctl(option: int, value: int) -> None:
-    libc = _libc()
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")
+def _load_privileges() -> Any:
+    """engine/harness/privileges.py, beside this file (``-S``: the engine package is not importable)."""
+    spec = importlib.util.spec_from_file_location("kf_privileges", Path(__file__).with_name("privileges.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _children(pid: int) -> list[int]:
@@ -58,8 +63,8 @@ def _kill_descendants(me: int) -> int:
             seen.add(child)
             try:
                 os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            except OSError:
+                pass  # gone already
         while True:
             try:
                 reaped, _ = os.waitpid(-1, os.WNOHANG)
@@ -70,17 +75,25 @@ def _kill_descendants(me: int) -> int:
     return len(seen)
 
 
-def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
+def _report(fd: int, status: dict[str, Any]) -> None:
+    """Send the status to the supervisor: one JSON line on the status pipe (it reads the last whole one)."""
+    data = (json.dumps(status) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Close every descriptor not in ``keep``: the command inherits exactly those."""
+    low = 0
+    for fd in sorted(keep):
+        if fd > low:
+            os.closerange(low, fd)
+        low = max(low, fd + 1)
+    os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-SECBITS_NOROOT_LOCKED = 0x01 | 0x02 | 0x40 | 0x80  # NOROOT, its lock, NO_CAP_AMBIENT_RAISE, its lock
-PR_CAPBSET_DROP = 24
-PR_SET_SECUREBITS = 28
 
 
 def _libc() -> Any:
@@ -117,25 +130,11 @@ def _read_only_filesystem(writable: Path) -> None:
             pass  # a mount hidden under another one, or one the kernel refuses to remount: best effort
 
 
-def _drop_capabilities() -> None:
-    """Stay uid 0 but without any capability, now or after exec (no module loading, raw devices,
-    ptrace of other users, mounting, or bypassing file permissions)."""
-    libc = _libc()
-    libc.prctl(PR_SET_SECUREBITS, SECBITS_NOROOT_LOCKED, 0, 0, 0)
-    for capability in range(64):
-        libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)  # EINVAL past the last capability: ignored
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()
-    if libc.capset(header, data) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"capset: {os.strerror(error)}")
-
-
 def init_main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="init.py")
-    parser.add_argument("--status", required=True, type=Path)
+    parser.add_argument("--status-fd", type=int, required=True)
     parser.add_argument("--as-bytes", type=int, required=True)
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--fsize-bytes", type=int, required=True)
@@ -146,11 +145,18 @@ def init_main(argv: list[str]) -> int:
     parser.add_argument("--cgroup-procs", default="")
     parser.add_argument("--read-only-except", default="")
     parser.add_argument("--drop-capabilities", action="store_true")
+    parser.add_argument("--late-drop", action="store_true")
+    parser.add_argument("--pass-fds", default="")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    status_fd: int = args.status_fd
+    os.set_inheritable(status_fd, False)
+    pass_fds = {int(fd) for fd in args.pass_fds.split(",") if fd}
+    parent = os.getppid()  # the supervisor (fallback), or 0: unshare, outside this PID namespace
     status: dict[str, Any] = {"setup_error": None, "exit_code": None, "signal": None, "leftover": 0}
     try:
+        privileges = _load_privileges()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_AS, (args.as_bytes, args.as_bytes))
         # Soft limit: SIGXCPU (reported as timeout); the hard limit a few seconds later is SIGKILL.
@@ -166,28 +172,36 @@ def init_main(argv: list[str]) -> int:
         if args.read_only_except:
             _read_only_filesystem(Path(args.read_only_except))
             os.chdir(args.read_only_except)  # the old working directory is the read-only one underneath
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        privileges.prctl(PR_SET_CHILD_SUBREAPER, 1)
         if args.uid >= 0:
             os.setgroups([])
             os.setgid(args.gid)
             os.setuid(args.uid)
+        elif args.late_drop:
+            privileges.keep_only_setid_capabilities()
         elif args.drop_capabilities:
-            _drop_capabilities()
-        # A credential change clears the parent-death signal `unshare --kill-child` set: set it again, so
-        # this init (and with it the whole PID namespace) dies with the sandbox's supervisor.
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            privileges.drop_all_capabilities()
+        # A credential change clears the parent-death signal (set by `unshare --kill-child`, or by the
+        # supervisor in the fallback): set it again, so this init -- and with it the whole PID namespace --
+        # dies with the sandbox's supervisor. If the parent is already gone, the signal never comes: leave.
+        privileges.prctl(privileges.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            raise OSError(0, "the sandbox's supervisor died during set-up")
+        privileges.prctl(privileges.PR_SET_NO_NEW_PRIVS, 1)
+        for fd in pass_fds:
+            os.set_inheritable(fd, True)
     except OSError as error:
         status["setup_error"] = f"sandbox setup failed: {error}"
-        _write_json_atomic(args.status, status)
+        _report(status_fd, status)
         return EXIT_SETUP_FAILED
     me = os.getpid()
 
     def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _kill_descendants(me)
         status["signal"] = signal.SIGKILL
         status["terminated"] = True
-        _write_json_atomic(args.status, status)
+        _report(status_fd, status)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -196,6 +210,12 @@ def init_main(argv: list[str]) -> int:
     if pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
+            # In the fallback no namespace takes the command down with this init: its own parent-death
+            # signal does (a change of uid clears it; privileges.drop_privileges sets it again).
+            privileges.prctl(privileges.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != me:
+                os._exit(127)
+            _close_all_but({0, 1, 2, *pass_fds})
             os.execv(command[0], command)
         except OSError as error:
             os.write(2, f"cannot start {command[0]}: {error}\n".encode())
@@ -215,9 +235,10 @@ def init_main(argv: list[str]) -> int:
             status["max_rss_kb"] = usage.ru_maxrss
             status["cpu_seconds"] = usage.ru_utime + usage.ru_stime
             break
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finishing anyway: one status line, not two
     status["seconds"] = time.perf_counter() - started
     status["leftover"] = _kill_descendants(me)
-    _write_json_atomic(args.status, status)
+    _report(status_fd, status)
     return 0
 
 

@@ -2,7 +2,7 @@
 verdict, never the calling process.
 
 A :class:`Sandbox` is a private directory plus the means to run a command in it under
-``engine/harness/child.py init``, which applies the limits below and starts the command:
+``engine/harness/init.py``, which applies the limits below and starts the command:
 
 - resource limits: address space (``RLIMIT_AS``), CPU seconds (``RLIMIT_CPU``: SIGXCPU, then SIGKILL),
   file size (``RLIMIT_FSIZE``), processes (``RLIMIT_NPROC``), no core dumps;
@@ -10,14 +10,12 @@ A :class:`Sandbox` is a private directory plus the means to run a command in it 
 - a clean environment: only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` and the thread-count variables
   (``OMP_NUM_THREADS``… = the thread budget), never the caller's API keys or tokens;
 - a private temporary directory (``HOME`` and ``TMPDIR`` point at it), removed afterwards;
+- no descriptors but standard input, output and error, and those the caller passes (``pass_fds``);
 - CPU affinity to ``threads`` cores (recorded in the hardware fingerprint);
 - a pids cgroup (v1 or v2, where one is writable) bounding processes and threads: ``RLIMIT_NPROC`` never
   binds root, so without the cgroup a fork bomb run as root is stopped only by the namespace and timeout;
   forks the cgroup refused are reported, and whatever is left in it is killed after the run;
-- fewer privileges: when this process is root the command runs as ``nobody`` where that user can run
-  the command (always for the compiler; for the Python harness only if the venv is readable to it, which a
-  venv inside ``/root`` is not), otherwise as uid 0 with every capability dropped (bounding set included)
-  and ``no_new_privs`` -- it cannot load modules, mount, use raw devices or bypass file permissions.
+- no root: see "Privileges" below.
 
 Isolation ``namespaces`` (the default where ``unshare`` works: as root, or unprivileged where user
 namespaces are allowed) adds ``unshare --net --pid --ipc --fork --kill-child --mount-proc``: no network
@@ -32,10 +30,38 @@ subreaper, so orphaned descendants are re-parented to it and killed when it exit
 SIGTERM (it kills its descendants), then the group gets SIGKILL, then a sweep kills any process still
 carrying this sandbox's ``KF_SANDBOX_TOKEN`` in its environment (and the pids cgroup, where there is
 one, is emptied). What is lost: network isolation; a private view of ``/proc`` (other processes of the
-same user, and their environments, are visible); the read-only file system (a candidate running as uid 0
-without capabilities can still write files root owns); and the guarantee against a descendant that
+same user, and their environments, are visible); the read-only file system (a plain command running as
+uid 0 without capabilities can still write files root owns); and the guarantee against a descendant that
 escapes the process group (``setsid``), outlives a SIGKILLed init and scrubs its environment, where no
 pids cgroup holds it.
+
+Privileges. When this process is root, no command runs as root -- uid 0 passes the owner's permission check
+on every file root owns (``/etc/shadow``), capabilities or not:
+
+- a command that needs neither this Python nor numpy (the compiler), or any command where ``nobody`` can
+  run this Python and numpy (probed once), runs as ``nobody`` from its first instruction: the init
+  becomes that user before it starts the command;
+- the harness worker, where ``nobody`` cannot read the interpreter (a venv whose Python lives in
+  ``/root/.pyenv``), drops late (:attr:`Sandbox.late_drop`, engine/harness/privileges.py): it starts as
+  uid 0 holding only CAP_SETUID and CAP_SETGID (no other capability, bounding set empty), imports what it
+  needs, and calls ``drop_privileges(*late_drop)`` before any candidate code is loaded. The private
+  directory then belongs to root with the dropped user's group (mode ``1770``): the worker can use it
+  before and after the drop, and cannot delete or replace what the supervisor put there;
+- any other command runs as uid 0 with every capability dropped (bounding set included) and
+  ``no_new_privs`` -- it cannot load modules, mount, use raw devices or bypass file permissions, but it
+  can read what root owns, so candidate code must never run that way.
+
+When this process is not root there is nothing to drop to (an unprivileged user namespace maps one uid):
+commands run as the calling user, as uid 0 of their namespace without capabilities where there is one.
+
+The sandbox dies with its supervisor. The first process of every run (``unshare``, or the init in the
+fallback) gets SIGKILL when the thread that started it dies (``PR_SET_PDEATHSIG``): a SIGKILLed harness
+takes its running sandboxes down with it (``--kill-child`` then ends the whole PID namespace; in the
+fallback the command has its own parent-death signal, but its escaped descendants do not). A private
+directory is named ``kf-sandbox-<supervisor pid>-<token>`` and locked (``flock`` on the directory) for its
+lifetime; the first sandbox created in a process removes every such directory in the scratch folders whose
+lock nobody holds and whose supervisor pid is not running, killing any process still carrying its token
+(and empties stale pids cgroups the same way). A directory of a live supervisor is never touched.
 
 Not defended, in either mode: a candidate is native code in the harness's process, so a determined one
 could tamper with the harness's timer or its progress log. Correctness is always judged in the parent,
@@ -57,19 +83,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from engine.hardware import pinned_cpus
+from engine.harness.privileges import PR_SET_PDEATHSIG, libc
 
 SANDBOX_INIT = Path(__file__).with_name("init.py")
 HARNESS_WORKER = Path(__file__).with_name("worker.py")
 UNSHARE_FLAGS = ["--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc"]
 OUTPUT_TAIL_BYTES = 4096
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+PRIVATE_PREFIX = "kf-sandbox-"
+TOKEN_VARIABLE = "KF_SANDBOX_TOKEN"
 
 
 class Isolation(StrEnum):
@@ -110,7 +141,10 @@ class _Support:
     isolation: Isolation
     prefix: tuple[str, ...]
     drop_to: tuple[int, int] | None
+    """uid, gid the init becomes before it starts a command (this process is root, ``nobody`` can run it)."""
     reason: str
+    late_drop: tuple[int, int] | None = None
+    """uid, gid the harness worker drops to itself (root, but ``nobody`` cannot start this Python)."""
 
 
 _support_lock = threading.Lock()
@@ -163,7 +197,13 @@ def isolation_support(requested: str = "auto") -> _Support:
         support = _Support(isolation, prefix or (), _unprivileged_ids(), reason)
         _support[requested] = support
     if support.drop_to is not None and not _drop_works(support):
-        support = _Support(support.isolation, support.prefix, None, support.reason + "; uid drop unusable")
+        support = _Support(
+            support.isolation,
+            support.prefix,
+            None,
+            support.reason + "; nobody cannot start this Python: the harness worker drops to it late",
+            late_drop=support.drop_to,
+        )
         with _support_lock:
             _support[requested] = support
     return support
@@ -229,37 +269,42 @@ class _PidsCgroup:
 
     def sweep_and_remove(self) -> int:
         """SIGKILL every process still in the cgroup, then remove it; return how many were killed."""
-        killed = 0
-        for _ in range(200):
+        return _empty_and_remove_cgroup(self.path)
+
+
+def _empty_and_remove_cgroup(path: Path) -> int:
+    """SIGKILL every process in the cgroup at ``path``, then remove it; return how many were killed."""
+    killed = 0
+    for _ in range(200):
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            break
+        if not pids:
+            break
+        for pid in pids:
             try:
-                pids = [int(p) for p in self.procs.read_text().split()]
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
             except OSError:
-                break
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
-            time.sleep(0.005)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                self.path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.01)  # the last tasks are still exiting (many, slowly, on a loaded machine)
-        return killed
+                pass
+        time.sleep(0.005)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            path.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            time.sleep(0.01)  # the last tasks are still exiting (many, slowly, on a loaded machine)
+    return killed
 
 
 def _remove_stale_cgroups(root: Path) -> None:
-    """Remove empty ``kf-<pid>-…`` cgroups whose creating process is gone (it died mid-run), and empty
-    ones without a pid in their name (an older naming) untouched for an hour. A cgroup with tasks in it
-    cannot be removed, so a run in progress is never disturbed."""
+    """Empty and remove ``kf-<pid>-…`` cgroups whose creating process is gone (it died mid-run: what is
+    still in one escaped its sandbox, in the fallback), and remove empty ones without a pid in their name
+    (an older naming) untouched for an hour. A cgroup of a live process is never disturbed."""
     for path in root.glob("kf-*"):
         parts = path.name.split("-")
         if len(parts) < 3 or not parts[1].isdigit():
@@ -269,29 +314,8 @@ def _remove_stale_cgroups(root: Path) -> None:
             except OSError:
                 pass
             continue
-        try:
-            os.kill(int(parts[1]), 0)
-            continue  # its creator is alive: maybe in use
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            path.rmdir()
-        except OSError:
-            pass
-
-
-_janitor_lock = threading.Lock()
-_janitor_ran = False
-
-
-def _janitor_due() -> bool:
-    """True once per process: the first sandbox run tidies cgroups left by processes that died."""
-    global _janitor_ran
-    with _janitor_lock:
-        due, _janitor_ran = not _janitor_ran, True
-    return due
+        if not psutil.pid_exists(int(parts[1])):
+            _empty_and_remove_cgroup(path)
 
 
 def _scratch_base() -> str:
@@ -304,37 +328,122 @@ def _scratch_base() -> str:
     return tempfile.gettempdir()
 
 
+def _scratch_bases() -> list[Path]:
+    """Every folder :func:`_scratch_base` may choose (it depends on free space at the time)."""
+    return list(dict.fromkeys(Path(base) for base in ("/dev/shm", tempfile.gettempdir()) if Path(base).is_dir()))
+
+
+def _make_private_directory(base: str, token: str) -> tuple[Path, int]:
+    """``kf-sandbox-<this pid>-<token>`` under ``base``, and a descriptor holding its lock for its lifetime.
+
+    Between ``mkdir`` and ``flock`` the directory is unlocked; a sweeper leaves it alone because its pid
+    runs (see :func:`sweep_stale_directories`)."""
+    path = Path(base) / f"{PRIVATE_PREFIX}{os.getpid()}-{token}"
+    os.mkdir(path, 0o700)
+    lock = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return path, lock
+
+
+def _owner_and_token(name: str) -> tuple[int, str] | None:
+    """The supervisor pid and token in a private directory's name; None for any other name."""
+    if not name.startswith(PRIVATE_PREFIX):
+        return None
+    pid, _, token = name.removeprefix(PRIVATE_PREFIX).partition("-")
+    if not pid.isdigit() or not token:
+        return None
+    return int(pid), token
+
+
+def sweep_stale_directories(bases: Iterable[Path] | None = None) -> list[Path]:
+    """Remove the private directories of supervisors that are gone; return the ones removed.
+
+    A directory is stale when nobody holds its lock (its supervisor's descriptor died with it) and no
+    process has the pid in its name (a sandbox being created is unlocked for a moment; a reused pid keeps a
+    directory a little longer, never the other way round). Processes still carrying its token (escaped in
+    the fallback) are killed. Directories named otherwise (an older naming) are left alone."""
+    removed = []
+    for base in bases if bases is not None else _scratch_bases():
+        for path in Path(base).glob(f"{PRIVATE_PREFIX}*"):
+            named = _owner_and_token(path.name)
+            if named is None:
+                continue
+            owner, token = named
+            try:
+                lock = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # held: its supervisor is alive (in any PID namespace)
+                if psutil.pid_exists(owner):
+                    continue
+                sweep_token(token)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+            finally:
+                os.close(lock)
+    return removed
+
+
+_tidy_lock = threading.Lock()
+_tidied = False
+
+
+def _tidy_once() -> None:
+    """Once per process, before its first sandbox: remove what sandboxes of dead supervisors left behind."""
+    global _tidied
+    with _tidy_lock:
+        if _tidied:
+            return
+        _tidied = True
+    sweep_stale_directories()
+    cgroup_root = pids_cgroup_root()
+    if cgroup_root is not None:
+        _remove_stale_cgroups(cgroup_root)
+
+
 def _processes_of(uid: int) -> int:
+    """How many processes have ``uid`` as their real uid (what ``RLIMIT_NPROC`` counts)."""
     count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.stat(entry.path).st_uid == uid:
-                count += 1
-        except OSError:
-            continue
+    for process in psutil.process_iter(["uids"]):
+        uids = process.info["uids"]
+        if uids is not None and uids.real == uid:
+            count += 1
     return count
 
 
 def sweep_token(token: str) -> int:
     """SIGKILL every process whose environment carries ``KF_SANDBOX_TOKEN=token``; return how many."""
-    needle = f"KF_SANDBOX_TOKEN={token}".encode()
     killed = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
             continue
         try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
+            if process.environ().get(TOKEN_VARIABLE) == token:
+                process.kill()
                 killed += 1
-            except OSError:
-                pass
+        except psutil.Error:
+            continue
     return killed
+
+
+def _dies_with_this_thread() -> Callable[[], None]:
+    """A Popen ``preexec_fn`` (run in the child between fork and exec): the child gets SIGKILL when the
+    thread that forked it dies, and dies at once if that already happened.
+
+    Only async-signal-safe work in there: ``prctl`` resolved beforehand, ``getppid``, ``_exit``."""
+    prctl = libc().prctl
+    supervisor = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != supervisor:
+            os._exit(1)
+
+    return arm
 
 
 class CpuLease:
@@ -381,7 +490,8 @@ class CpuLease:
 
 
 class Sandbox:
-    """A private directory and the isolated runner of commands in it. Use as a context manager."""
+    """A private directory and the isolated runner of commands in it, one at a time. Use as a context
+    manager."""
 
     def __init__(
         self,
@@ -394,12 +504,22 @@ class Sandbox:
         pin: bool = True,
         exclusive_wait_s: float = 0.0,
     ) -> None:
-        """``unprivileged``: run commands as ``nobody`` (when this process is root). None: only where that
-        user can run this Python and numpy (probed); True: always, for commands that need neither (the
-        compiler). ``pin``: lease ``threads`` CPUs (``cpus`` to choose them), waiting up to
+        """``unprivileged``: run commands as ``nobody`` (when this process is root). None: where that user
+        can run this Python and numpy (probed), else the harness worker drops to it late (:attr:`late_drop`);
+        True: always, for commands that need neither (the compiler); False: never (uid 0 without
+        capabilities). ``pin``: lease ``threads`` CPUs (``cpus`` to choose them), waiting up to
         ``exclusive_wait_s`` for ones no other sandbox holds; False: any CPU (the compiler)."""
         self.support = support or isolation_support(isolation)
-        self.drop_to = self.support.drop_to if unprivileged is None else (_unprivileged_ids() if unprivileged else None)
+        _tidy_once()
+        self.drop_to: tuple[int, int] | None = None
+        """uid, gid the init becomes before it starts any command."""
+        self.late_drop: tuple[int, int] | None = None
+        """uid, gid the harness worker must pass to ``privileges.drop_privileges`` before it loads candidate
+        code (:meth:`worker_command`); None when there is nothing to drop (already dropped, or not root)."""
+        if unprivileged is None:
+            self.drop_to, self.late_drop = self.support.drop_to, self.support.late_drop
+        elif unprivileged:
+            self.drop_to = _unprivileged_ids()
         self.threads = threads
         self.lease: CpuLease | None = None
         if cpus is not None:
@@ -411,10 +531,21 @@ class Sandbox:
             self.cpus = sorted(os.sched_getaffinity(0))
         self.token = secrets.token_hex(8)
         self.runs = 0
-        self.dir = Path(tempfile.mkdtemp(prefix="kf-sandbox-", dir=_scratch_base()))
+        self._running: SandboxProcess | None = None
+        try:
+            self.dir, self._lock = _make_private_directory(_scratch_base(), self.token)
+        except BaseException:
+            if self.lease is not None:
+                self.lease.release()
+            raise
         if self.drop_to is not None:
             os.chown(self.dir, *self.drop_to)
-        os.chmod(self.dir, 0o700)
+        elif self.late_drop is not None:
+            # The worker starts as uid 0 without CAP_DAC_OVERRIDE (the owner's rights) and goes on as the
+            # dropped user (the group's rights). Sticky: that user cannot delete or replace the files root
+            # put here (the problem module, the libraries, the output log), only its own.
+            os.chown(self.dir, 0, self.late_drop[1])
+            os.chmod(self.dir, 0o1770)
 
     @property
     def isolation(self) -> Isolation:
@@ -432,9 +563,18 @@ class Sandbox:
         return self.lease.exclusive if self.lease is not None else False
 
     def close(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Kill a command still running, release the CPUs, remove the private directory. Idempotent."""
+        try:
+            if self._running is not None and not self._running.finished:
+                self._running.kill("the sandbox was closed")
+                self._running.finish()
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self._lock >= 0:
+                os.close(self._lock)  # only now: a locked directory is never swept
+                self._lock = -1
 
     def environment(self) -> dict[str, str]:
         """The command's whole environment: nothing of the caller's leaks in."""
@@ -454,37 +594,57 @@ class Sandbox:
             "OMP_WAIT_POLICY": "PASSIVE",
         }
         if self.isolation == Isolation.process_group:
-            env["KF_SANDBOX_TOKEN"] = self.token
+            env[TOKEN_VARIABLE] = self.token
         return env
 
     def worker_command(self, *args: str) -> list[str]:
-        """The harness worker (engine/harness/child.py) as a command for :meth:`run`."""
+        """The harness worker (engine/harness/worker.py) as a command for :meth:`start` or :meth:`run`.
+
+        Started with the late drop where :attr:`late_drop` is set: it then runs as uid 0 holding only
+        CAP_SETUID and CAP_SETGID, and must call ``engine.harness.privileges.drop_privileges(*late_drop)``
+        after its imports and before it loads any candidate code."""
         return [sys.executable, "-I", str(HARNESS_WORKER), *args]
 
-    def run(
+    def start(
         self,
         command: Sequence[str],
         limits: SandboxLimits,
         *,
-        watch: Callable[[], str | None] | None = None,
-        poll_s: float = 0.02,
-    ) -> SandboxOutcome:
-        """Run ``command`` in the sandbox until it ends, ``limits.wall_seconds`` pass, or ``watch`` (called
-        every ``poll_s``) returns a reason to stop it. Never raises for anything the command does."""
-        status_path = self.dir / "init-status.json"
-        status_path.unlink(missing_ok=True)
+        pass_fds: Sequence[int] = (),
+        late_drop: bool | None = None,
+    ) -> SandboxProcess:
+        """Start ``command`` in the sandbox and return at once; :meth:`SandboxProcess.finish` collects it.
+
+        ``pass_fds``: descriptors of this process the command gets under the same numbers (nothing else
+        but standard input, output and error reaches it). ``late_drop``: start it the way the harness
+        worker is started (see :attr:`late_drop`); None: exactly when ``command`` is :meth:`worker_command`'s.
+
+        Call this from a thread that lives until the run is finished: the sandbox is killed when the thread
+        that started it exits (that is how it dies with a killed supervisor)."""
+        if self._running is not None and not self._running.finished:
+            raise RuntimeError(
+                f"sandbox {self.dir} is still running pid {self._running.pid}: finish() it before starting "
+                "another command"
+            )
+        if late_drop is None:
+            late_drop = list(command[:3]) == self.worker_command()
+        late = self.late_drop if late_drop else None
         nproc = 0
         if self.drop_to is not None:
             nproc = _processes_of(self.drop_to[0]) + limits.processes
+        elif late is not None:
+            nproc = _processes_of(late[0]) + limits.processes
         elif os.geteuid() != 0:
             nproc = _processes_of(os.geteuid()) + limits.processes
+        status_read, status_write = os.pipe()
+        os.set_blocking(status_read, False)
         init = [
             sys.executable,
             "-I",
             "-S",
             str(SANDBOX_INIT),
-            "--status",
-            str(status_path),
+            "--status-fd",
+            str(status_write),
             "--as-bytes",
             str(limits.address_space_bytes),
             "--cpu-seconds",
@@ -496,8 +656,12 @@ class Sandbox:
             "--cpus",
             ",".join(str(c) for c in self.cpus),
         ]
+        if pass_fds:
+            init += ["--pass-fds", ",".join(str(fd) for fd in pass_fds)]
         if self.drop_to is not None:
             init += ["--uid", str(self.drop_to[0]), "--gid", str(self.drop_to[1])]
+        elif late is not None:
+            init += ["--late-drop"]
         else:
             init += ["--drop-capabilities"]
         if self.isolation == Isolation.namespaces:
@@ -506,68 +670,127 @@ class Sandbox:
         self.runs += 1
         cgroup = None
         if cgroup_root is not None:
-            if _janitor_due():
-                _remove_stale_cgroups(cgroup_root)
             try:
                 name = f"kf-{os.getpid()}-{self.token}-{self.runs}"
                 cgroup = _PidsCgroup(cgroup_root, name, limits.processes + 4 * self.threads)
                 init += ["--cgroup-procs", str(cgroup.procs)]
             except OSError:
                 cgroup = None
-        full = [*self.support.prefix, *init, "--", *command]
-        started = time.perf_counter()
-        killed: str | None = None
-        log_path = self.dir / "output.log"
-        with open(log_path, "wb") as log:
+        log = None
+        try:
+            log = self._open_log()
+            started = time.perf_counter()
             process = subprocess.Popen(
-                full,
+                [*self.support.prefix, *init, "--", *command],
                 cwd=self.dir,
                 env=self.environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=(status_write, *pass_fds),
+                # The thread-safety caveat of preexec_fn is about Python code that takes locks; this one
+                # makes one system call through a function resolved before the fork.
+                preexec_fn=_dies_with_this_thread(),
             )
-        try:
-            while True:
-                try:
-                    process.wait(timeout=poll_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if time.perf_counter() - started > limits.wall_seconds:
-                    killed = f"wall-clock limit of {limits.wall_seconds:.0f}s reached"
-                elif watch is not None:
-                    killed = watch()
-                if killed:
-                    self._kill(process)
-                    break
         except BaseException:
-            self._kill(process)
+            for fd in (status_read, log):
+                if fd is not None:
+                    os.close(fd)
+            if cgroup is not None:
+                cgroup.sweep_and_remove()
             raise
         finally:
-            refused = cgroup.refused_forks() if cgroup is not None else 0
-            swept = cgroup.sweep_and_remove() if cgroup is not None else 0
-            if self.isolation == Isolation.process_group:
-                swept += sweep_token(self.token)
-        seconds = time.perf_counter() - started
-        status = _read_status(status_path)
-        status["swept"] = swept
-        status["refused_forks"] = refused
-        return SandboxOutcome(
-            exit_code=status.get("exit_code"),
-            signal=status.get("signal"),
-            killed=killed,
-            setup_error=status.get("setup_error"),
-            leftover=int(status.get("leftover") or 0),
-            output_tail=_tail(log_path),
-            seconds=seconds,
-            isolation=self.isolation,
-            status=status,
-        )
+            os.close(status_write)
+        self._running = SandboxProcess(self, process, limits, started, log=log, status=status_read, cgroup=cgroup)
+        return self._running
 
-    def _kill(self, process: subprocess.Popen[bytes]) -> None:
-        if self.isolation == Isolation.process_group:
+    def run(
+        self,
+        command: Sequence[str],
+        limits: SandboxLimits,
+        *,
+        watch: Callable[[], str | None] | None = None,
+        poll_s: float = 0.02,
+        late_drop: bool | None = None,
+    ) -> SandboxOutcome:
+        """Run ``command`` in the sandbox until it ends, ``limits.wall_seconds`` pass, or ``watch`` (called
+        every ``poll_s``) returns a reason to stop it. Never raises for anything the command does."""
+        return self.start(command, limits, late_drop=late_drop).finish(watch=watch, poll_s=poll_s)
+
+    def _open_log(self) -> int:
+        """A fresh ``output.log`` for the command's output. A command may have left a link under that name
+        (the directory is its own): removed, never followed. This process reads the tail through the same
+        descriptor, never through the name."""
+        path = self.dir / "output.log"
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+class SandboxProcess:
+    """One command running in a sandbox, from :meth:`Sandbox.start` until :meth:`finish` collects it.
+
+    ``pid`` is the sandbox's first process (``unshare``, or the init in the fallback), the leader of its
+    own process group; the command is a descendant. Its exit status (``poll``, ``wait``) says only that
+    the sandbox ended: how the command ended is in :meth:`finish`'s outcome. The wall-clock limit is
+    enforced by :meth:`finish`; a caller that talks to the command before that keeps to
+    :attr:`remaining_s` itself."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        process: subprocess.Popen[bytes],
+        limits: SandboxLimits,
+        started: float,
+        *,
+        log: int,
+        status: int,
+        cgroup: _PidsCgroup | None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.limits = limits
+        self.started = started
+        self.killed: str | None = None
+        """Why :meth:`kill` was told to stop the command (None if it was not, or not given a reason)."""
+        self._process = process
+        self._log = log
+        self._status = status
+        self._cgroup = cgroup
+        self._outcome: SandboxOutcome | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def finished(self) -> bool:
+        """True once :meth:`finish` has collected the outcome."""
+        return self._outcome is not None
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds left of the wall-clock limit (negative once it has passed)."""
+        return self.limits.wall_seconds - (time.perf_counter() - self.started)
+
+    def poll(self) -> int | None:
+        """None while the sandbox runs, else the exit status of its first process."""
+        return self._process.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the sandbox to end; raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+        return self._process.wait(timeout)
+
+    def kill(self, reason: str | None = None) -> None:
+        """Kill the sandbox, the command and every descendant; ``reason`` becomes the outcome's ``killed``."""
+        if reason is not None and self.killed is None:
+            self.killed = reason
+        process = self._process
+        if process.poll() is not None:
+            return  # reaped: its pid, and so its group id, may already be someone else's
+        if self.sandbox.isolation == Isolation.process_group:
             # The init kills its (re-parented) descendants on SIGTERM; the group kill is the backstop.
             try:
                 process.send_signal(signal.SIGTERM)
@@ -584,22 +807,84 @@ class Sandbox:
             process.kill()
             process.wait()
 
+    def finish(self, *, watch: Callable[[], str | None] | None = None, poll_s: float = 0.02) -> SandboxOutcome:
+        """Wait until the command ends, the wall-clock limit passes, or ``watch`` (called every ``poll_s``)
+        returns a reason to stop it; then sweep what is left and return the outcome (the same one on every
+        later call). Never raises for anything the command does; if interrupted, kills the sandbox first."""
+        if self._outcome is not None:
+            return self._outcome
+        try:
+            while True:
+                try:
+                    self._process.wait(timeout=poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                reason = None
+                if self.remaining_s < 0:
+                    reason = f"wall-clock limit of {self.limits.wall_seconds:.0f}s reached"
+                elif watch is not None:
+                    reason = watch()
+                if reason:
+                    self.kill(reason)
+                    break
+        except BaseException:
+            self.kill()
+            self._collect()
+            raise
+        return self._collect()
 
-def _read_status(path: Path) -> dict[str, Any]:
+    def _collect(self) -> SandboxOutcome:
+        cgroup = self._cgroup
+        refused = cgroup.refused_forks() if cgroup is not None else 0
+        swept = cgroup.sweep_and_remove() if cgroup is not None else 0
+        if self.sandbox.isolation == Isolation.process_group:
+            swept += sweep_token(self.sandbox.token)
+        seconds = time.perf_counter() - self.started
+        status = _read_status(self._status)
+        status["swept"] = swept
+        status["refused_forks"] = refused
+        self._outcome = SandboxOutcome(
+            exit_code=status.get("exit_code"),
+            signal=status.get("signal"),
+            killed=self.killed,
+            setup_error=status.get("setup_error"),
+            leftover=int(status.get("leftover") or 0),
+            output_tail=_tail(self._log),
+            seconds=seconds,
+            isolation=self.sandbox.isolation,
+            status=status,
+        )
+        os.close(self._status)
+        os.close(self._log)
+        return self._outcome
+
+
+def _read_status(fd: int) -> dict[str, Any]:
+    """The init's last whole status line on the (non-blocking) status pipe, or {} if it sent none."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    for line in reversed(b"".join(chunks).splitlines()):
+        try:
+            status = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(status, dict):
+            return status
+    return {}
+
+
+def _tail(fd: int) -> str:
     try:
-        status: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return status
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as log:
-            log.seek(0, os.SEEK_END)
-            size = log.tell()
-            log.seek(max(0, size - OUTPUT_TAIL_BYTES))
-            return log.read().decode(errors="replace")
+        size = os.fstat(fd).st_size
+        return os.pread(fd, OUTPUT_TAIL_BYTES, max(0, size - OUTPUT_TAIL_BYTES)).decode(errors="replace")
     except OSError:
         return ""
 
@@ -608,5 +893,10 @@ def _tail(path: Path) -> str:
 def describe_isolation() -> str:
     """One line for logs and reports: which isolation this machine gives candidates, and why."""
     support = isolation_support()
-    user = f"as uid {support.drop_to[0]}" if support.drop_to else "as the calling user"
+    if support.drop_to:
+        user = f"as uid {support.drop_to[0]}"
+    elif support.late_drop:
+        user = f"as uid {support.late_drop[0]} (the harness worker drops to it after its interpreter starts)"
+    else:
+        user = "as the calling user without capabilities"
     return f"{support.isolation} ({support.reason}), {user}"
