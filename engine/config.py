@@ -6,6 +6,8 @@ Everything is read from the environment at call time, so tests can point a proce
 - ``KF_DATABASE_URL``: a Postgres URL; when set, the embedded Postgres is not used.
 - ``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; when set, no embedded dev server is used.
 - ``KF_TEMPORAL_NAMESPACE``: the Temporal namespace (default ``default``).
+- ``KF_MACHINE_DIR``: where this machine's measured figures (bandwidth, peak, noise floor) are kept
+  (default ``machine/`` in the cache folder); a test session points every cache at one, so it measures once.
 """
 
 from __future__ import annotations
@@ -40,3 +42,11 @@ def temporal_namespace() -> str:
 def cache_dir() -> Path:
     """Content-addressed build artifacts (compiled kernels) live here."""
     return kf_home() / "cache"
+
+
+def machine_dir(cache: Path | None = None) -> Path:
+    """Where this machine's measured figures live: ``KF_MACHINE_DIR``, else ``machine/`` in the cache folder."""
+    override = os.environ.get("KF_MACHINE_DIR")
+    if override:
+        return Path(override).resolve()
+    return (cache or cache_dir()) / "machine"

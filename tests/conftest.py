@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,10 @@ from engine.services import temporal_binary
 from workflows.kernel_search import BEST_SPEEDUP_ATTR, GENERATION_ATTR, PROBLEM_ATTR, TARGET_ATTR
 
 _database_numbers = itertools.count(1)
+# This machine's measured bandwidth, peak and noise floor, shared by every cache folder of the session (and
+# the workers it starts): measured once per session instead of once per test module (the noise floor's
+# A/A runs take about half a minute).
+os.environ.setdefault("KF_MACHINE_DIR", tempfile.mkdtemp(prefix="kf-test-machine-"))
 
 
 @pytest.fixture(scope="session")

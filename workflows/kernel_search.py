@@ -212,6 +212,8 @@ class KernelSearch:
             candidate=candidate,
             threads=state.spec.threads,
             benchmark_seconds=state.spec.benchmark_seconds,
+            # The interval promotion reads must be at the level the policy (and the promotion event) states.
+            confidence=state.spec.promotion.confidence,
             seed=state.spec.seed + state.generation,
         )
         outcome = CandidateOutcome(candidate_id=candidate.candidate_id, label=candidate.label, verdict="harness_error")

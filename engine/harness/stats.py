@@ -12,13 +12,16 @@ independent evidence. The speedup's interval resamples every shape jointly in ea
 the weighted geometric mean, so it accounts for the noise of every shape at once.
 
 Resampling rounds only sees noise *within* one run. Repeated A/A runs on a shared machine vary more than
-that from run to run (by 1-3% per shape on the 2-core development machine, depending on what else runs:
-which other work shares the memory bus during a shape's window, where pages and code landed), so each
-bootstrap replicate also draws a run-level effect per shape from a normal distribution with standard
-deviation ``noise_floor``. Without it, A/A intervals covered 1.0 in only 40-75% of runs; with 1.5%, in
-86% of 96 runs; with 2%, in 87.5% of 48 (median half-width 2.3%); with 2.5%, the default, in 92% of 48
-(median half-width 2.8%). The misses are a heavy tail of 4-12% run-level swings that a wider normal floor
-cannot cover without breaking the 3% half-width budget (bench/evaluation.py measures coverage and width).
+that from run to run (which other work shares the memory bus during a shape's window, where pages and code
+landed), so each bootstrap replicate also draws a run-level effect per shape from a normal distribution
+with standard deviation ``noise_floor``. Benchmarks use the floor measured on their machine with A/A runs
+(engine.harness.noise); ``DEFAULT_NOISE_FLOOR`` is what the 2-core development machine once needed when
+it was busy (1-3% per shape): without a floor, A/A intervals covered 1.0 in only 40-75% of runs there;
+with 2.5%, in 92% of 48 (median half-width 2.8%), the misses being a heavy tail of 4-12% run-level swings
+that no normal floor within a 3% half-width budget covers (bench/evaluation.py measures coverage and width).
+
+Intervals are percentile intervals of the replicates at ``confidence`` (0.95 unless the caller says: the
+search passes its promotion policy's level).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import numpy as np
 import numpy.typing as npt
 
 DEFAULT_RESAMPLES = 2000
-CONFIDENCE = 0.95
-# Run-to-run standard deviation of a shape's log ratio beyond what resampling rounds shows (see above).
+DEFAULT_CONFIDENCE = 0.95
+# Run-to-run standard deviation of a shape's log ratio beyond what resampling rounds shows, for callers
+# without a measured one (see above; benchmarks measure theirs, engine.harness.noise).
 DEFAULT_NOISE_FLOOR = 0.025
 
 
@@ -82,15 +86,21 @@ def speedup_with_intervals(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     block: int | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
     noise_floor: float = DEFAULT_NOISE_FLOOR,
 ) -> tuple[RatioEstimate, list[RatioEstimate]]:
     """The weighted geometric mean of per-shape paired median ratios and each shape's ratio, all with
-    bootstrap 95% intervals. ``pairs[s]`` is ``(reference_ns, candidate_ns)`` of shape ``s``, by round;
-    ``noise_floor`` is the run-level standard deviation of a shape's log ratio (see the module docstring)."""
+    bootstrap intervals at ``confidence``. ``pairs[s]`` is ``(reference_ns, candidate_ns)`` of shape ``s``,
+    by round; ``noise_floor`` is the run-level standard deviation of a shape's log ratio (see the module
+    docstring)."""
     if len(pairs) != len(weights) or not pairs:
         raise ValueError(f"need one weight per shape; got {len(pairs)} shapes and {len(weights)} weights")
+    if not 0.5 < confidence < 1:
+        raise ValueError(f"confidence must be strictly between 0.5 and 1, e.g. 0.95; got {confidence!r}")
+    if not noise_floor >= 0:
+        raise ValueError(f"noise_floor is a standard deviation and must be 0 or more, e.g. 0.01; got {noise_floor!r}")
     rng = np.random.default_rng(seed)
-    tail = (1 - CONFIDENCE) / 2 * 100
+    tail = (1 - confidence) / 2 * 100
     w = np.asarray(weights, dtype=np.float64)
     w = w / w.sum()
     per_shape = []

@@ -109,6 +109,8 @@ class StepInput(BaseModel):
     """The incumbent's artifact, for benchmark; None benchmarks against numpy only."""
     benchmark_seconds: float = 1.0
     """Timing budget, for benchmark."""
+    confidence: float = 0.95
+    """Confidence level of the benchmark's intervals, for benchmark: the promotion policy's."""
     seed: int = 0
     """Seed of the step's fresh random inputs."""
 
