@@ -26,6 +26,7 @@ from engine.evidence_index import recorded_evidence, recorded_payload
 from engine.hardware import cpu_target, hardware_fingerprint
 from engine.harness.cpu import artifact_path, compile_source
 from engine.harness.evaluation import Reference, benchmark_artifact, validate_artifact
+from engine.harness.verdicts import Verdict
 from engine.lessons import lessons_for
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for
@@ -47,6 +48,13 @@ from engine.search.steps import (
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 2.0
+
+
+def _refuse_harness_error(verdict: Verdict, message: str) -> None:
+    """A judge that failed (not the kernel) is never recorded as the kernel's outcome: the step fails and is
+    retried, in a fresh sandbox, possibly on another worker."""
+    if verdict == Verdict.harness_error:
+        raise ApplicationError(f"the harness failed, not the kernel: {message}", type="HarnessError")
 
 
 def non_retryable(error: UserError) -> ApplicationError:
@@ -246,6 +254,7 @@ class SearchActivities:
         report, seconds = await self._heartbeating(
             functools.partial(validate_artifact, problem, artifact_id, base_seed=step.seed, threads=step.threads)
         )
+        _refuse_harness_error(report.verdict, report.message)
         first = report.cases[0].message if report.cases else ""
         output = StepOutput(
             step="validate",
@@ -279,8 +288,11 @@ class SearchActivities:
                 budget_s=step.benchmark_seconds,
                 threads=step.threads,
                 seed=step.seed,
+                confidence=step.confidence,
             )
         )
+        for report in reports:
+            _refuse_harness_error(report.verdict, report.message)
         versus = reports[0]
         numpy_report = reports[-1]
         verdict = next((str(r.verdict) for r in reports if str(r.verdict) != "ok"), "ok")

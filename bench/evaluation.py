@@ -3,17 +3,20 @@
     .venv/bin/python bench/evaluation.py [--json] [--aa-runs 24] [--budget 2.0]
 
 Measures, with the default budgets unless told otherwise, in a fresh cache folder:
+- noise_floor: this machine's run-level noise floor (engine.harness.noise), measured first, in the fresh
+  cache folder, so its A/A calibration runs count in no other figure; with how it was derived;
 - candidates_per_min: distinct template instances of softmax and rmsnorm taken through compile + validate
   + benchmark (against numpy) back to back, per minute of wall-clock time; with the seconds per step;
+- timing_overhead_share: the parent's pipe handshake as a fraction of the timed batches (the report's
+  handshake_share), the largest over those throughput benchmarks;
 - harness overhead: call_overhead_fraction -- the harness's cost around one timed call (an empty kernel
   with the problem's signature, timed the harness's way) over the seed kernel's median time per shape
-  (the worst shape); loop_overhead_fraction -- time in the timing loops (warm-up, per-call checks,
-  input drift) beyond the timed calls, over the timed calls; wall_overhead_fraction -- a whole
-  benchmark's wall time (sandbox start, input pools, checks of timed outputs, revalidation) beyond the
-  timed calls, over the timed calls;
-- the noise floor: repeated A/A runs (the seed kernel against itself, half softmax, half rmsnorm):
-  aa_coverage, the fraction of 95% intervals that contain 1.0 (target 0.95), and aa_halfwidth_median,
-  the median relative half-width of those intervals (target <= 0.03);
+  (the worst shape); wall_overhead_fraction -- a whole benchmark's wall time (sandbox start, input pools,
+  checks of timed outputs, revalidation) beyond the timed calls, over the timed calls;
+- intervals: repeated A/A runs (the seed kernel against itself, half softmax, half rmsnorm) with the
+  measured noise floor: aa_coverage, the fraction of intervals (at the default confidence, 0.95) that
+  contain 1.0 (target >= 0.95), and aa_halfwidth_median, the median relative half-width of those
+  intervals (target <= 0.03);
 - seed_speedup: each built-in problem's seed kernel against its numpy baseline, with the interval.
 The machine is shared: its load average is printed too, and every figure moves with it.
 """
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.hardware import hardware_fingerprint, pinned_cpus
 from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact  # after the path set-up
 from engine.harness.cpu import compile_source
+from engine.harness.noise import machine_noise_floor
 from engine.harness.sandbox import describe_isolation
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import Verdict
@@ -46,7 +50,7 @@ from engine.problems import Problem, builtin_problems, load_problem
 def instances(problem: Problem, count: int) -> list[str]:
     """``count`` distinct sources: template instances the problem allows (the seed when there are too few)."""
     space = problem.template_params
-    sources = []
+    sources: list[str] = []
     for values in itertools.product(*space.values()):
         params = dict(zip(space, values, strict=True))
         if problem.template_allows(params):
@@ -59,6 +63,7 @@ def instances(problem: Problem, count: int) -> list[str]:
 def throughput(cache: Path, per_problem: int, budget: float) -> dict[str, Any]:
     steps: dict[str, list[float]] = {"compile": [], "validate": [], "benchmark": []}
     verdicts = []
+    handshake_shares: list[float] = []
     started = time.perf_counter()
     for name in ("softmax", "rmsnorm"):
         problem = load_problem(name)
@@ -85,12 +90,16 @@ def throughput(cache: Path, per_problem: int, budget: float) -> dict[str, Any]:
             )
             steps["benchmark"].append(time.perf_counter() - t0)
             verdicts.append(str(report.verdict))
+            share = getattr(report, "handshake_share", None)
+            if share is not None:
+                handshake_shares.append(float(share))
     elapsed = time.perf_counter() - started
     return {
         "candidates_per_min": len(verdicts) / elapsed * 60,
         "candidates": len(verdicts),
         "verdicts": verdicts,
         "seconds_per_step": {k: statistics.median(v) if v else None for k, v in steps.items()},
+        "timing_overhead_share": max(handshake_shares, default=None),
     }
 
 
@@ -137,21 +146,21 @@ def overhead(cache: Path, budget: float) -> dict[str, Any]:
         result[name] = {
             "empty_call_ns": empty,
             "call_overhead_fraction": max(empty / s.candidate_ns for s in report.shapes),
-            "loop_overhead_fraction": report.loop_seconds / report.timed_seconds - 1,
             "wall_overhead_fraction": report.seconds / report.timed_seconds - 1,
-            "seconds": {"timed": report.timed_seconds, "loop": report.loop_seconds, "wall": report.seconds},
+            "seconds": {"timed": report.timed_seconds, "wall": report.seconds},
         }
     return result
 
 
 def aa_runs(cache: Path, runs: int, budget: float) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run in range(runs):
         name = ("softmax", "rmsnorm")[run % 2]
         problem = load_problem(name)
         seed = compile_source(problem, problem.seed_source(), cache_dir=cache).artifact_id
         assert seed is not None
         itself = Reference(kind="artifact", artifact_id=seed, label="itself")
+        # No noise_floor: the benchmark uses this machine's measured one, as every search benchmark does.
         (report,) = benchmark_artifact(problem, seed, [itself], budget_s=budget, cache_dir=cache, seed=1000 + run)
         rows.append(
             {
@@ -159,6 +168,7 @@ def aa_runs(cache: Path, runs: int, budget: float) -> dict[str, Any]:
                 "speedup": report.speedup,
                 "ci_low": report.ci_low,
                 "ci_high": report.ci_high,
+                "confidence": report.confidence,
                 "covers": report.ci_low <= 1.0 <= report.ci_high,
                 "halfwidth": (report.ci_high - report.ci_low) / 2 / report.speedup,
             }
@@ -166,6 +176,7 @@ def aa_runs(cache: Path, runs: int, budget: float) -> dict[str, Any]:
         print(f"  A/A {run + 1}/{runs} {name}: {report.message}", file=sys.stderr, flush=True)
     return {
         "aa_runs": len(rows),
+        "aa_confidence": sorted({r["confidence"] for r in rows}),
         "aa_coverage": sum(r["covers"] for r in rows) / len(rows),
         "aa_halfwidth_median": statistics.median(r["halfwidth"] for r in rows),
         "aa_speedup_range": [min(r["speedup"] for r in rows), max(r["speedup"] for r in rows)],
@@ -206,6 +217,13 @@ def main() -> int:
             "hardware": hardware_fingerprint().model_dump(mode="json"),
             "budget_s": args.budget,
         }
+        noise = machine_noise_floor(cache_dir=cache)
+        figures["noise_floor"] = noise.floor
+        figures["noise_floor_detail"] = noise.model_dump(
+            mode="json",
+            include={"point", "upper", "degrees_of_freedom", "runs", "budget_s", "seconds", "load_average", "warning"},
+        )
+        print(f"  noise floor {noise.floor:.4f} (measured in {noise.seconds:.0f} s)", file=sys.stderr, flush=True)
         figures |= throughput(cache, args.candidates, args.budget)
         figures["overhead"] = overhead(cache, args.budget)
         figures |= aa_runs(cache, args.aa_runs, args.budget)

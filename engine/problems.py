@@ -165,6 +165,12 @@ class Problem:
         return model
 
     @property
+    def deterministic(self) -> bool:
+        """False when the problem declares ``DETERMINISTIC = False``: its kernels may give different bits on
+        identical inputs (atomics, parallel reductions), so validation does not demand bitwise repeats."""
+        return bool(getattr(self.module, "DETERMINISTIC", True))
+
+    @property
     def outputs(self) -> list[Param]:
         return [p for p in self.params if p.role in ("out", "inout")]
 

@@ -49,7 +49,10 @@ def test_seed_kernel_validates_ok(name: str, cache: Path) -> None:
     report = validate_artifact(problem, artifact(problem, problem.seed_source(), cache), cache_dir=cache)
     assert report.verdict == Verdict.ok, report.message
     shapes, seeds = len(problem.validation_shapes), 3
-    assert report.trials == shapes * seeds * len(problem.distributions)
+    planned = shapes * seeds * len(problem.distributions)
+    # Each shape's first trial is also repeated, and run once more with a few inputs changed (where a change
+    # moves the reference at all): two or three extra checked calls per shape.
+    assert planned + 2 * shapes <= report.trials <= planned + 3 * shapes
 
 
 @pytest.mark.parametrize("name", builtin_problems())

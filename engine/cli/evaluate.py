@@ -3,8 +3,9 @@
     kf evaluate --problem softmax --source my.c [--flags "-O3 -march=native"] [--baseline reference|seed|FILE]
                 [--threads N] [--budget SECONDS] [--json]
 
-Exit status 0 only when the verdict is ok; 1 for any other verdict; 2 for bad input; 143 when terminated
-(SIGTERM), after its sandboxes are killed and their folders removed.
+Exit status 0 only when the verdict is ok; 1 for any other verdict of the kernel; 2 for bad input; 3 when
+the machine failed, not the kernel (verdict harness_error, a sandbox that could not start, a calibration
+that failed); 143 when terminated (SIGTERM), after its sandboxes are killed and their folders removed.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from typing import Any
 from engine.errors import UserError
 from engine.harness.benchmarking import DEFAULT_BUDGET_S
 from engine.harness.cpu import DEFAULT_FLAGS
+from engine.harness.driver import SandboxFailure
 from engine.harness.evaluation import evaluate
+from engine.harness.machine import CalibrationFailed
 from engine.harness.verdicts import Evaluation, Verdict
 from engine.problems import load_problem
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_MACHINE = 3
 
 
 def register(subparsers: Any) -> None:
@@ -35,8 +39,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Compile a C kernel for a problem, validate it on fresh inputs in a sandbox, and time it against "
             "a baseline, interleaved, with a 95%% confidence interval. Exit status 0 only for verdict ok; 1 for "
-            f"any other verdict; 2 for bad input; {EXIT_TERMINATED} when terminated (SIGTERM), after its "
-            "sandboxes are cleaned up."
+            f"any other verdict; 2 for bad input; {EXIT_MACHINE} when the machine failed, not the kernel; "
+            f"{EXIT_TERMINATED} when terminated (SIGTERM), after its sandboxes are cleaned up."
         ),
     )
     parser.add_argument("--problem", required=True, help="a built-in problem name or a problem folder")
@@ -92,13 +96,19 @@ def _evaluate(args: argparse.Namespace) -> int:
     problem = load_problem(args.problem)
     source = _read_source(args.source)
     flags = shlex.split(args.flags) if args.flags is not None else None
-    result = evaluate(
-        problem, source, flags, args.baseline, threads=args.threads, budget_s=args.budget, seeds=args.seeds
-    )
+    try:
+        result = evaluate(
+            problem, source, flags, args.baseline, threads=args.threads, budget_s=args.budget, seeds=args.seeds
+        )
+    except (CalibrationFailed, SandboxFailure) as error:
+        print(f"kf evaluate: the machine failed, not the kernel: {error}", file=sys.stderr)
+        return EXIT_MACHINE
     if args.json:
         print(json.dumps(as_json(result), indent=2))
     else:
         print(render(result))
+    if result.verdict == Verdict.harness_error:
+        return EXIT_MACHINE
     return 0 if result.verdict == Verdict.ok else 1
 
 

@@ -1,31 +1,38 @@
 """Benchmarking: how much faster is a candidate than its reference points, on this noisy machine?
 
-Everything runs in ONE sandboxed child, timed by the harness (``perf_counter_ns`` around each ctypes
-call), never by the candidate:
+How a candidate is timed, in one place:
 
-1. per benchmark shape, a pool of input sets generated from recorded seeds (bigger than the last-level
-   cache where the memory cap allows, so calls read memory rather than a warm cache) and a pool of output
-   buffers whose period is coprime with it (a kernel that skips work on a pointer it has seen finds
-   another input's answer in its output);
-2. warm-up rounds, then timed rounds: candidate and every reference point once per round, in a fresh
-   random order each round, until the shape's share of the time budget (in proportion to its weight) is
-   spent; each reuse of an input set changes its first element slightly, so no input repeats exactly;
-3. the outputs of the last timed candidate calls go back to the parent, which checks them against the
-   reference computed from the same seeds (a kernel that is only wrong when timed is caught);
-4. the candidate is validated again in the same process (a kernel that turns wrong after N calls is
-   caught).
+1. every contender (the candidate, the incumbent or a seed, numpy's baseline) runs in a sandboxed worker
+   process of its own, all pinned to the same leased CPUs (engine/harness/driver.py): nothing the candidate
+   can still do reaches the others or the clock;
+2. per benchmark shape, each worker builds a pool of input sets from recorded seeds (bigger than the
+   last-level cache where the memory cap allows, so calls read memory rather than a warm cache) and a pool
+   of output buffers whose period is coprime with it (a kernel that skips work on a pointer it has seen
+   finds another input's answer in its output); each reuse of an input set changes its first element
+   slightly, so no input repeats exactly;
+3. the parent times batches of calls with its own monotonic clock, from the Go it writes to the Done it
+   reads; a batch is sized from warm-up so that the pipe handshake (measured with empty batches) is well
+   under 1% of it (``handshake_share`` in the report);
+4. timed rounds: one batch per contender per round, in a fresh random order each round, until the shape's
+   share of the time budget (in proportion to its weight) is spent;
+5. after a few random rounds the parent fetches the output of a random recent candidate call and checks it
+   against the reference computed from the same seed and drift (a kernel that is only wrong when timed, or
+   skips calls in a batch, is caught);
+6. the candidate is validated again in the same process with every validation seed (a kernel that turns
+   wrong after N calls is caught).
 
-The parent computes per-shape paired median ratios and the weighted geometric mean with block-bootstrap
-intervals (engine.harness.stats), and rejects a candidate measured faster than the roofline bound allows
-(``impossible``): bytes moved / measured bandwidth or flops / measured peak, whichever is larger, with
-a generous safety factor. Bandwidth and peak are measured once per machine and thread budget, in the
-sandbox, and cached under the cache folder.
+The parent computes per-shape paired median ratios of per-call times and their weighted geometric mean
+with block-bootstrap intervals at the requested confidence, widened by this machine's measured run-level
+noise floor (engine.harness.stats, engine.harness.noise), and rejects a candidate measured faster than the
+roofline bound allows (``impossible``): bytes moved / measured bandwidth or flops / measured peak,
+whichever is larger, with a generous safety factor (engine.harness.machine).
 """
 
 from __future__ import annotations
 
 import math
-import threading
+import random
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,23 +41,24 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from engine import config
-from engine.hardware import MachineLimits, hardware_fingerprint, hardware_key, llc_bytes
-from engine.harness.sandbox import SandboxLimits
+from engine.hardware import MachineLimits, hardware_fingerprint
+from engine.harness import protocol as p
+from engine.harness.driver import Contender, Failed
+from engine.harness.machine import EXCLUSIVE_WAIT_S, machine_limits
+from engine.harness.sandbox import CpuLease, SandboxLimits
 from engine.harness.stats import speedup_with_intervals
 from engine.harness.validation import (
     DEFAULT_CALL_TIMEOUT_S,
-    HarnessRun,
-    TrialChecker,
+    TrialRunner,
     address_space_limit,
     compare_output,
     plan_trials,
     trial_seed,
-    verdict_from_outcome,
-    write_validation_phase,
 )
 from engine.harness.verdicts import BenchmarkReport, CaseEvidence, ShapeTiming, Verdict
 from engine.problems import DTYPES, Problem
+
+__all__ = ["DEFAULT_BUDGET_S", "Reference", "benchmark_artifact", "machine_limits", "pool_slots", "roofline_ns"]
 
 DEFAULT_BUDGET_S = 2.0
 # A pool of inputs at least this many times the LLC, so most calls miss the cache ...
@@ -63,15 +71,18 @@ MAX_POOL_SLOTS = 64
 # hand-tuned kernel (non-temporal stores, data still in cache) can beat; the gaming this catches (work
 # skipped on timed calls) is orders of magnitude below the bound, not a factor of two.
 ROOFLINE_SAFETY = 8.0
+# Timed rounds after which a random recent candidate output is fetched and checked (at least the last one).
 CHECKED_TIMED_CALLS = 4
-# How long a benchmark waits for CPUs no other sandbox on the machine holds before timing on shared ones.
-EXCLUSIVE_WAIT_S = 120.0
-# Must match child.BUMP_STEP: benchmark inputs drift by this much per use (see there).
-BUMP_STEP = 1 / 64
-# How many separately loaded copies of each artifact take turns in the timed calls. More than one would
-# average code placement within a run, but splits the kernel's static state between copies (a kernel
-# that turns wrong after N calls would get N × copies); one keeps the semantics of production.
-LIBRARY_COPIES = 1
+# A batch lasts at least this many handshakes (so the handshake is under 1/200 = 0.5% of it) ...
+HANDSHAKE_MULTIPLE = 200
+# ... and at least this long; never more calls than this.
+MIN_BATCH_NS = 1_000_000
+MAX_BATCH_CALLS = 1 << 16
+HANDSHAKE_PINGS = 7
+WARMUP_FRACTION = 0.1
+WARMUP_ROUNDS = 3
+MIN_ROUNDS = 10
+MAX_ROUNDS = 100_000
 
 
 class Reference(BaseModel):
@@ -82,65 +93,11 @@ class Reference(BaseModel):
     label: str = Field(description="Name in reports, e.g. numpy, seed, incumbent.")
 
 
-_limits_lock = threading.Lock()
-_limits_memo: dict[str, MachineLimits] = {}
-
-
-def machine_limits(threads: int = 1, cache_dir: Path | None = None, *, isolation: str = "auto") -> MachineLimits:
-    """Measured bandwidth and peak for ``threads`` cores: once per process, cached on disk per hardware."""
-    key = f"{hardware_key(hardware_fingerprint(threads))}-t{threads}"
-    with _limits_lock:
-        if key in _limits_memo:
-            return _limits_memo[key]
-        path = (cache_dir or config.cache_dir()) / "machine" / f"limits-{key}.json"
-        if path.is_file():
-            limits = MachineLimits.model_validate_json(path.read_text())
-        else:
-            limits = _calibrate(key, threads, cache_dir, isolation)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(limits.model_dump_json())
-            tmp.replace(path)
-        _limits_memo[key] = limits
-        return limits
-
-
-def _calibrate(key: str, threads: int, cache_dir: Path | None, isolation: str) -> MachineLimits:
-    from engine.problems import load_problem
-
-    # The harness needs a problem for its plan format; calibration touches none of it.
-    problem = load_problem("softmax")
-    results: dict[str, float] = {}
-
-    def on_event(event: dict[str, Any]) -> str | None:
-        if event.get("ev") == "calibration":
-            results.update({k: float(v) for k, v in event.items() if k != "ev"})
-        return None
-
-    gemm_n = 1024 if threads == 1 else 2048
-    with HarnessRun(
-        problem, threads=threads, cache_dir=cache_dir, isolation=isolation, exclusive_wait_s=EXCLUSIVE_WAIT_S
-    ) as run:
-        plan = run.plan([], [{"kind": "calibrate", "gemm_n": gemm_n}], problem_py=False)
-        limits = SandboxLimits(wall_seconds=300, cpu_seconds=600, address_space_bytes=4 << 30)
-        run.run(plan, limits, on_event, call_timeout_s=300)
-    if not results:
-        raise RuntimeError(f"machine calibration failed: {run.state.problems or 'no result'}")
-    return MachineLimits(
-        key=key,
-        threads=threads,
-        dram_bandwidth_gbs=results["dram_bps"] / 1e9,
-        cache_bandwidth_gbs=results["cache_bps"] / 1e9,
-        peak_gflops=results["peak_flops"] / 1e9,
-        llc_bytes=llc_bytes() or 32 << 20,
-    )
-
-
 def _bytes_of(problem: Problem, shape: dict[str, int], roles: Sequence[str]) -> int:
     return sum(
-        int(np.prod(p.dims(shape), dtype=np.int64)) * np.dtype(DTYPES[p.dtype]).itemsize
-        for p in problem.params
-        if p.role in roles
+        int(np.prod(q.dims(shape), dtype=np.int64)) * np.dtype(DTYPES[q.dtype]).itemsize
+        for q in problem.params
+        if q.role in roles
     )
 
 
@@ -165,6 +122,90 @@ def roofline_ns(problem: Problem, shape: dict[str, int], limits: MachineLimits, 
     return max(float(model.get("bytes", 0)) / bandwidth, float(model.get("flops", 0)) / limits.peak_gflops)
 
 
+def benchmark_limits(
+    problem: Problem, shapes: list[tuple[dict[str, int], float]], pools: list[int], budget_s: float
+) -> SandboxLimits:
+    """Limits of one contender's worker: the whole budget plus slack, memory for its pools and a trial."""
+    return SandboxLimits(
+        wall_seconds=240 + 3 * budget_s,
+        cpu_seconds=int(300 + 3 * budget_s),
+        address_space_bytes=address_space_limit(
+            problem, [s for s, _ in shapes] + problem.validation_shapes, extra=2 * max(pools)
+        ),
+        file_size_bytes=64 << 20,
+    )
+
+
+class _ShapeTimer:
+    """Times one shape: handshake, warm-up (which sizes the batches), then interleaved timed rounds."""
+
+    def __init__(self, contenders: list[Contender], budget_ns: int, call_timeout_s: float, rng: random.Random) -> None:
+        self.contenders = contenders
+        self.budget_ns = budget_ns
+        self.call_timeout_s = call_timeout_s
+        self.rng = rng
+        self.calls = [1] * len(contenders)
+        self.per_call_ns = [0.0] * len(contenders)
+        self.handshake_ns = 0.0
+        self.batch_ns: list[float] = []
+
+    def _batch(self, which: int) -> float:
+        contender = self.contenders[which]
+        calls = self.calls[which]
+        timeout = self.call_timeout_s + 20 * calls * self.per_call_ns[which] / 1e9
+        elapsed = contender.timed_batch(calls, timeout)
+        contender.pause()
+        return elapsed
+
+    def handshake(self) -> None:
+        pings = []
+        for _ in range(HANDSHAKE_PINGS):
+            for which in range(len(self.contenders)):
+                self.calls[which] = 0
+                pings.append(self._batch(which))
+        self.handshake_ns = float(statistics.median(pings))
+
+    def warm_up(self) -> None:
+        """Single-call batches until the warm-up share of the budget is spent; then batch sizes."""
+        self.calls = [1] * len(self.contenders)
+        times: list[list[float]] = [[] for _ in self.contenders]
+        order = list(range(len(self.contenders)))
+        started = time.perf_counter_ns()
+        rounds = 0
+        while rounds < WARMUP_ROUNDS or time.perf_counter_ns() - started < self.budget_ns * WARMUP_FRACTION:
+            self.rng.shuffle(order)
+            for which in order:
+                times[which].append(self._batch(which))
+            rounds += 1
+        target = max(HANDSHAKE_MULTIPLE * self.handshake_ns, MIN_BATCH_NS)
+        for which, samples in enumerate(times):
+            self.per_call_ns[which] = max(float(np.median(samples[len(samples) // 2 :])) - self.handshake_ns, 1.0)
+        # One batch size for every contender, from the fastest one's time: paired batches do the same work,
+        # and even the fastest contender's batch is long enough for the handshake not to matter.
+        calls = max(1, min(MAX_BATCH_CALLS, math.ceil(target / min(self.per_call_ns))))
+        self.calls = [calls] * len(self.contenders)
+
+    def rounds(self, after_candidate: Any) -> np.ndarray:
+        """Per-call nanoseconds by round and contender; ``after_candidate(round)`` runs after the candidate's
+        batch of each round (outside any timed region)."""
+        samples: list[list[float]] = []
+        order = list(range(len(self.contenders)))
+        started = time.perf_counter_ns()
+        while True:
+            row = [0.0] * len(order)
+            self.rng.shuffle(order)
+            for which in order:
+                elapsed = self._batch(which)
+                self.batch_ns.append(elapsed)
+                row[which] = elapsed / self.calls[which]
+                if which == 0:
+                    after_candidate(len(samples))
+            samples.append(row)
+            spent = time.perf_counter_ns() - started
+            if len(samples) >= MAX_ROUNDS or (len(samples) >= MIN_ROUNDS and spent >= self.budget_ns):
+                return np.asarray(samples, dtype=np.float64)
+
+
 def benchmark_artifact(
     problem: Problem,
     artifact_id: str,
@@ -177,208 +218,295 @@ def benchmark_artifact(
     revalidate: bool = True,
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     isolation: str = "auto",
+    confidence: float = 0.95,
+    noise_floor: float | None = None,
 ) -> list[BenchmarkReport]:
-    """Time the candidate against every reference point, interleaved in one sandboxed child; one report
-    per reference, in order. ``budget_s`` is the timed time over all shapes (warm-up included)."""
+    """Time the candidate against every reference point, each in a sandboxed worker of its own, interleaved
+    by this process's clock; one report per reference, in order. ``budget_s`` is the time over all shapes
+    (warm-up included); ``noise_floor`` None uses this machine's measured run-level floor."""
     if not references:
         raise ValueError(
             "benchmark_artifact needs at least one reference point, e.g. Reference(kind='numpy', label='numpy')"
         )
+    for reference in references:
+        if reference.kind == "artifact" and not reference.artifact_id:
+            raise ValueError(f"reference {reference.label!r} is an artifact without an artifact_id")
     started = time.perf_counter()
     limits_hw = machine_limits(threads, cache_dir, isolation=isolation)
+    if noise_floor is None:
+        from engine.harness.noise import machine_noise_floor
+
+        noise_floor = machine_noise_floor(threads, cache_dir, isolation=isolation).floor
     fingerprint = hardware_fingerprint(threads).model_copy(
         update={"memory_bandwidth_gbs": limits_hw.dram_bandwidth_gbs, "peak_gflops": limits_hw.peak_gflops}
     )
     shapes = problem.benchmark_shapes
     distribution = "normal" if "normal" in problem.distributions else problem.distributions[0]
-    with HarnessRun(
-        problem, threads=threads, cache_dir=cache_dir, isolation=isolation, exclusive_wait_s=EXCLUSIVE_WAIT_S
-    ) as run:
-        contenders = [run.add_library("candidate", artifact_id, LIBRARY_COPIES)]
-        for j, reference in enumerate(references):
-            if reference.kind == "artifact":
-                if not reference.artifact_id:
-                    raise ValueError(f"reference {reference.label!r} is an artifact without an artifact_id")
-                contenders.append(run.add_library(f"ref{j}", reference.artifact_id, LIBRARY_COPIES))
-            else:
-                contenders.append({"label": f"ref{j}", "kind": "numpy"})
-        bench_shapes = []
-        pools = []
-        total_weight = sum(w for _, w in shapes)
-        for s, (shape, weight) in enumerate(shapes):
-            n_in, n_out, pool_bytes = pool_slots(problem, shape, limits_hw.llc_bytes)
-            pools.append(pool_bytes)
-            bench_shapes.append(
-                {
-                    "shape": shape,
-                    "seeds": [trial_seed(seed, "benchmark", s, distribution, i) for i in range(n_in)],
-                    "distribution": distribution,
-                    # Time in proportion to weight: the heavier a shape counts, the more precisely it is timed.
-                    "budget_s": budget_s * weight / total_weight,
-                    "out_slots": n_out,
-                    "check_slots": CHECKED_TIMED_CALLS,
-                }
+    slots = [pool_slots(problem, shape, limits_hw.llc_bytes) for shape, _ in shapes]
+    pools = [pool for _, _, pool in slots]
+    limits = benchmark_limits(problem, shapes, pools, budget_s)
+    total_weight = sum(w for _, w in shapes)
+    lease = CpuLease(threads, wait_s=EXCLUSIVE_WAIT_S)
+    contenders: list[Contender] = []
+    labels = [r.label for r in references]
+    state: dict[str, Any] = {"phase": "loading", "shape": {}}
+    runner: TrialRunner | None = None
+    handshake_shares: list[float] = []
+    common: dict[str, Any] = {"threads": threads, "hardware": fingerprint, "confidence": confidence}
+
+    def failed(verdict: Verdict, evidence: CaseEvidence) -> list[BenchmarkReport]:
+        return [
+            BenchmarkReport(
+                verdict=verdict,
+                reference=label,
+                speedup=0.0,
+                ci_low=0.0,
+                ci_high=0.0,
+                cases=[evidence],
+                message=evidence.message,
+                revalidated=False,
+                cpus_exclusive=lease.exclusive,
+                seconds=time.perf_counter() - started,
+                **common,
             )
-        phases: list[dict[str, Any]] = [
-            {
-                "kind": "benchmark",
-                "shapes": bench_shapes,
-                "warmup_fraction": 0.1,
-                "warmup_rounds": 3,
-                "min_rounds": 10,
-                "order_seed": seed,
-            }
+            for label in labels
         ]
-        trials = []
-        kept: dict[str, dict[str, Any]] = {}
+
+    try:
+        try:
+            contenders.append(
+                Contender(
+                    problem,
+                    label="candidate",
+                    kind="artifact",
+                    artifact_id=artifact_id,
+                    threads=threads,
+                    cpus=lease.cpus,
+                    limits=limits,
+                    cache_dir=cache_dir,
+                    isolation=isolation,
+                    problem_py=True,
+                )
+            )
+        except Failed as failure:
+            return failed(
+                failure.verdict, CaseEvidence(phase="benchmark", check=failure.check, message=failure.message)
+            )
+        for j, reference in enumerate(references):
+            try:
+                contenders.append(
+                    Contender(
+                        problem,
+                        label=f"ref{j}",
+                        kind=reference.kind,
+                        artifact_id=reference.artifact_id,
+                        threads=threads,
+                        cpus=lease.cpus,
+                        limits=limits,
+                        cache_dir=cache_dir,
+                        isolation=isolation,
+                        problem_py=True,
+                    )
+                )
+            except Failed as failure:
+                return failed(Verdict.harness_error, _reference_failed(reference.label, failure))
+        rng = random.Random(seed * 1000003 + 17)
+        samples: list[np.ndarray] = []
+        timed_ns = 0.0
+        for s, (shape, weight) in enumerate(shapes):
+            n_in, n_out, _ = slots[s]
+            state.update(phase="benchmark", shape=shape)
+            seeds = [trial_seed(seed, "benchmark", s, distribution, i) for i in range(n_in)]
+            prepare, pool = _input_pool(problem, shape, distribution, seeds, n_out)
+            for which, contender in enumerate(contenders):
+                try:
+                    reply, _ = contender.request(
+                        prepare, *pool, timeout=call_timeout_s + 60, what="taking the input pool"
+                    )
+                except Failed as failure:
+                    if which == 0:
+                        raise
+                    return failed(Verdict.harness_error, _reference_failed(references[which - 1].label, failure))
+                if isinstance(reply, p.Failure):
+                    raise Failed(Verdict.harness_error, "memory", f"{contender.label}: {reply.message}")
+            del pool
+            timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
+            rows, problem_seen = _time_shape(problem, timer, shape, distribution, n_out, call_timeout_s, rng)
+            if problem_seen is not None:
+                return failed(Verdict.incorrect, problem_seen)
+            samples.append(rows)
+            timed_ns += float(sum(timer.batch_ns))
+            handshake_shares.append(timer.handshake_ns / max(float(np.median(timer.batch_ns)), 1.0))
+        revalidated = False
         if revalidate:
-            groups = plan_trials(problem, "revalidation", 1, seed)
-            trials = [t for g in groups for t in g]
-            phases.append(write_validation_phase(problem, run.dir, "revalidation", groups, kept))
-        plan = run.plan(contenders, phases, problem_py=True)
-        limits = SandboxLimits(
-            wall_seconds=240 + 3 * budget_s,
-            cpu_seconds=int(300 + 3 * budget_s),
-            address_space_bytes=address_space_limit(
-                problem, [s for s, _ in shapes] + problem.validation_shapes, extra=2 * max(pools)
-            ),
-            file_size_bytes=max(
-                64 << 20,
-                2
-                * max(
-                    _bytes_of(problem, s, ("in", "out", "inout"))
-                    for s, _ in shapes + [(v, 1.0) for v in problem.validation_shapes]
-                ),
-            ),
-        )
-        checker = TrialChecker(problem, run.dir, run.guard, trials, kept)
-        failures: list[CaseEvidence] = []
-        rounds: dict[int, int] = {}
-        loops = {"timed_ns": 0, "loop_ns": 0}
-
-        def on_event(event: dict[str, Any]) -> str | None:
-            kind = event.get("ev")
-            if kind == "done" and event.get("case") in checker.trials:
-                evidence = checker.check(str(event["case"]))
-            elif kind == "bench_done":
-                index = int(event["index"])
-                rounds[index] = int(event["rounds"])
-                for key in loops:
-                    loops[key] += int(event.get(key, 0))
-                evidence = _check_timed_outputs(
-                    problem, run.dir, index, shapes[index][0], distribution, event["checks"]
-                )
-            else:
-                return None
+            state.update(phase="revalidation", shape={})
+            runner = TrialRunner(problem, contenders[0], call_timeout_s)
+            groups = plan_trials(problem, "revalidation", 3, seed)
+            evidence = runner.run(groups)
             if evidence is not None:
-                failures.append(evidence)
-                return "stop: incorrect"
-            return None
-
-        outcome = run.run(plan, limits, on_event, call_timeout_s=call_timeout_s, poll_s=0.05)
-        seconds = time.perf_counter() - started
-        common = {
-            "cpus_exclusive": run.sandbox.exclusive,
-            "threads": threads,
-            "hardware": fingerprint,
-            "seconds": seconds,
-            "timed_seconds": loops["timed_ns"] / 1e9,
-            "loop_seconds": loops["loop_ns"] / 1e9,
-        }
-        labels = [r.label for r in references]
-
-        def failed(verdict: Verdict, evidence: CaseEvidence) -> list[BenchmarkReport]:
-            return [
-                BenchmarkReport(
-                    verdict=verdict,
-                    reference=label,
-                    speedup=0.0,
-                    ci_low=0.0,
-                    ci_high=0.0,
-                    cases=[evidence],
-                    message=evidence.message,
-                    revalidated=False,
-                    **common,
-                )
-                for label in labels
-            ]
-
-        if failures:
-            return failed(Verdict.incorrect, failures[0])
-
-        def where(check: str, message: str) -> CaseEvidence:
-            trial = checker.trials.get(run.state.current or "")
-            if trial is not None:
-                return CaseEvidence(
-                    phase=trial.phase,
-                    check=check,
-                    shape=trial.shape,
-                    seed=trial.seed,
-                    distribution=trial.distribution,
-                    message=message,
-                )
-            index = run.state.bench_index
-            shape = shapes[index][0] if index is not None and run.state.phase == "benchmark" else {}
-            return CaseEvidence(phase=run.state.phase or "benchmark", check=check, shape=shape, message=message)
-
-        broken = verdict_from_outcome(outcome, run.state, limits, where)
-        if broken is not None:
-            return failed(broken[0], broken[1])
-        samples = [np.load(run.dir / f"bench{s}.npy") for s in range(len(shapes))]
-    return _reports(problem, shapes, pools, samples, references, limits_hw, threads, revalidate, common, seed)
+                return failed(Verdict.incorrect, evidence)
+            revalidated = True
+        for contender in contenders:
+            contender.close()
+    except Failed as failure:
+        if runner is not None and state["phase"] == "revalidation":
+            evidence = runner.where(failure.check, failure.message, "revalidation")
+        else:
+            evidence = CaseEvidence(
+                phase=state["phase"], check=failure.check, shape=state["shape"], message=failure.message
+            )
+        return failed(failure.verdict, evidence)
+    finally:
+        for contender in contenders:
+            contender.discard()
+        lease.release()
+    common |= {
+        "cpus_exclusive": lease.exclusive,
+        "seconds": time.perf_counter() - started,
+        "timed_seconds": timed_ns / 1e9,
+        "handshake_share": max(handshake_shares) if handshake_shares else 0.0,
+    }
+    return _reports(
+        problem,
+        shapes,
+        pools,
+        samples,
+        references,
+        limits_hw,
+        threads,
+        revalidated,
+        common,
+        seed,
+        confidence,
+        noise_floor,
+    )
 
 
-def _check_timed_outputs(
+def _input_pool(
+    problem: Problem, shape: dict[str, int], distribution: str, seeds: list[int], out_slots: int
+) -> tuple[p.PreparePools, list[memoryview]]:
+    """One shape's input pool, generated once here for every contender (the same inputs for all)."""
+    pieces: list[memoryview] = []
+    arrays: list[list[p.ArraySpec]] = []
+    scalars: list[dict[str, float | int]] = []
+    for seed in seeds:
+        inputs = problem.make_inputs(shape, distribution, seed)
+        specs = []
+        for q in problem.params:
+            if q.role in ("in", "inout"):
+                array = np.ascontiguousarray(inputs[q.name], dtype=DTYPES[q.dtype])
+                pieces.append(array.reshape(-1).view(np.uint8).data)
+                specs.append(p.ArraySpec(name=q.name, dtype=q.dtype, dims=list(array.shape), nbytes=array.nbytes))
+        arrays.append(specs)
+        scalars.append(
+            {
+                q.name: float(inputs[q.name]) if "float" in q.dtype else int(inputs[q.name])
+                for q in problem.params
+                if q.role == "scalar"
+            }
+        )
+    command = p.PreparePools(
+        shape=shape,
+        seeds=seeds,
+        arrays=arrays,
+        scalars=scalars,
+        out_slots=out_slots,
+        payload_bytes=sum(len(piece) for piece in pieces),
+    )
+    return command, pieces
+
+
+def _time_shape(
     problem: Problem,
-    directory: Path,
-    index: int,
+    timer: _ShapeTimer,
     shape: dict[str, int],
     distribution: str,
-    checks: list[dict[str, Any]],
+    out_slots: int,
+    call_timeout_s: float,
+    rng: random.Random,
+) -> tuple[np.ndarray, CaseEvidence | None]:
+    """Handshake, warm-up and timed rounds of one shape, with the candidate's outputs checked after a few
+    random rounds and after the last: per-call times by round, and the first wrong output's evidence."""
+    candidate = timer.contenders[0]
+    checked_rounds = _checked_rounds(rng)
+    problems: list[CaseEvidence] = []
+
+    def after_candidate(round_index: int) -> None:
+        if (round_index >= 0 and round_index not in checked_rounds) or problems:
+            return
+        back = 0 if round_index < 0 else rng.randrange(min(timer.calls[0], out_slots))
+        reply, data = candidate.request(p.Fetch(back=back), timeout=call_timeout_s, what="fetching outputs")
+        evidence = _check_timed_output(problem, shape, distribution, reply, data)
+        if evidence is not None:
+            problems.append(evidence)
+
+    timer.handshake()
+    timer.warm_up()
+    rows = timer.rounds(after_candidate)
+    after_candidate(-1)  # the candidate's very last timed call, too
+    return rows, (problems[0] if problems else None)
+
+
+def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
+    return CaseEvidence(
+        phase="benchmark",
+        check="reference",
+        message=(
+            f"the reference point {label!r} failed ({failure.verdict}: {failure.message}); not the candidate's verdict"
+        ),
+    )
+
+
+def _checked_rounds(rng: random.Random) -> set[int]:
+    """Rounds after which the candidate's output is fetched: the first, and a few random early ones (every
+    shape has at least MIN_ROUNDS rounds)."""
+    return {0, *rng.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 1)}
+
+
+def _check_timed_output(
+    problem: Problem, shape: dict[str, int], distribution: str, reply: p.Reply, data: bytearray
 ) -> CaseEvidence | None:
-    """The outputs the candidate produced in its last timed calls, against the reference of their inputs."""
-    if not checks:
+    """The output of a timed candidate call, against the reference of the inputs it read."""
+    if not isinstance(reply, p.Outputs) or reply.seed < 0:
         return CaseEvidence(
-            phase="benchmark",
-            check="timed_output",
-            shape=shape,
-            message="no timed candidate output came back to be checked",
+            phase="benchmark", check="timed_output", shape=shape, message="no timed candidate output came back"
         )
-    for j, check in enumerate(checks):
-        inputs = problem.make_inputs(shape, distribution, int(check["seed"]))
-        bump = int(check.get("bump", -1))
-        bumped = next((p for p in problem.params if p.role != "out" and p.is_array and "float" in p.dtype), None)
-        if bump >= 0 and bumped is not None:
-            # Replay the child's change to the first element (same float32 arithmetic; child.py).
-            array = inputs[bumped.name]
-            array.reshape(-1)[0] = array.reshape(-1)[0] + np.float32((bump + 1) * BUMP_STEP)
-        reference = problem.reference(inputs, shape)
-        for p in problem.outputs:
-            path = directory / f"bench{index}.check{j}.{p.name}.npy"
-            try:
-                got = np.load(path)
-            except (OSError, ValueError):
-                got = None
-            if got is None or got.shape != p.dims(shape):
-                return CaseEvidence(
-                    phase="benchmark",
-                    check="timed_output",
-                    shape=shape,
-                    output=p.name,
-                    message=f"the output {p.name} of a timed call did not come back intact",
-                )
-            atol, rtol = problem.tolerance(p.dtype, shape, inputs)
-            passed, fields = compare_output(p.name, got, reference[p.name], atol, rtol)
-            if not passed:
-                fields["message"] = "during timing: " + fields["message"]
-                return CaseEvidence(
-                    phase="benchmark",
-                    check="timed_output",
-                    shape=shape,
-                    seed=int(check["seed"]),
-                    distribution=distribution,
-                    **fields,
-                )
+    inputs = problem.make_inputs(shape, distribution, reply.seed)
+    bumped = next((q for q in problem.params if q.role != "out" and q.is_array and "float" in q.dtype), None)
+    if reply.bump >= 0 and bumped is not None:
+        # Replay the worker's drift of the first element (same float32 arithmetic; engine/harness/worker.py).
+        array = inputs[bumped.name]
+        array.reshape(-1)[0] = array.reshape(-1)[0] + np.float32((reply.bump + 1) * p.BUMP_STEP)
+    reference = problem.reference(inputs, shape)
+    offset = 0
+    got: dict[str, np.ndarray] = {}
+    for spec in reply.arrays:
+        got[spec.name] = np.frombuffer(
+            data, dtype=spec.dtype, count=spec.nbytes // np.dtype(spec.dtype).itemsize, offset=offset
+        ).reshape(spec.dims)
+        offset += spec.nbytes
+    for q in problem.outputs:
+        array = got.get(q.name)
+        if array is None or array.shape != q.dims(shape) or array.dtype != np.dtype(DTYPES[q.dtype]):
+            return CaseEvidence(
+                phase="benchmark",
+                check="timed_output",
+                shape=shape,
+                output=q.name,
+                message=f"the output {q.name} of a timed call did not come back intact",
+            )
+        atol, rtol = problem.tolerance(q.dtype, shape, inputs)
+        passed, fields = compare_output(q.name, array, reference[q.name], atol, rtol)
+        if not passed:
+            fields["message"] = "during timing: " + fields["message"]
+            return CaseEvidence(
+                phase="benchmark",
+                check="timed_output",
+                shape=shape,
+                seed=reply.seed,
+                distribution=distribution,
+                **fields,
+            )
     return None
 
 
@@ -393,6 +521,8 @@ def _reports(
     revalidated: bool,
     common: dict[str, Any],
     seed: int,
+    confidence: float,
+    noise_floor: float,
 ) -> list[BenchmarkReport]:
     weights = [w for _, w in shapes]
     bounds = [
@@ -407,7 +537,9 @@ def _reports(
     reports = []
     for j, reference in enumerate(references):
         pairs = [(s[:, j + 1], s[:, 0]) for s in samples]
-        total, per_shape = speedup_with_intervals(pairs, weights, seed=seed)
+        total, per_shape = speedup_with_intervals(
+            pairs, weights, seed=seed, confidence=confidence, noise_floor=noise_floor
+        )
         timings = [
             ShapeTiming(
                 shape=shape,

@@ -153,8 +153,8 @@ def _with_evidence(result: Evaluation) -> Evaluation:
         if report.verdict == Verdict.ok:
             lines.append(
                 f"benchmark: {report.speedup:.3f}x vs {report.reference} "
-                f"[{report.ci_low:.3f}, {report.ci_high:.3f}] (95% CI), {report.threads} thread(s), "
-                f"revalidated after timing: {report.revalidated}"
+                f"[{report.ci_low:.3f}, {report.ci_high:.3f}] ({report.confidence:.0%} CI), "
+                f"{report.threads} thread(s), revalidated after timing: {report.revalidated}"
             )
         else:
             lines.append(f"benchmark: {report.message}")

@@ -63,9 +63,10 @@ lifetime; the first sandbox created in a process removes every such directory in
 lock nobody holds and whose supervisor pid is not running, killing any process still carrying its token
 (and empties stale pids cgroups the same way). A directory of a live supervisor is never touched.
 
-Not defended, in either mode: a candidate is native code in the harness's process, so a determined one
-could tamper with the harness's timer or its progress log. Correctness is always judged in the parent,
-and the roofline bound rejects timings that are physically impossible; see engine/harness/benchmarking.py.
+What the sandbox does not decide: a candidate is native code in the worker's process, so anything the
+worker holds is within its reach. The judge therefore relies on nothing there: the clock is the parent's,
+outputs come back on a pipe and are judged in the parent, and the worker is confined by seccomp before the
+library is loaded (engine/harness/driver.py, worker.py, seccomp.py).
 """
 
 from __future__ import annotations

@@ -1,57 +1,49 @@
 """Validation: is a compiled candidate correct? Judged here, in the trusted parent, never in the child.
 
 For every validation shape × seed × input distribution the parent generates fresh inputs (from a seed it
-records) and writes them into the sandbox. The worker (engine/harness/child.py) places every buffer inside
-a larger allocation with random guard bytes before and after it, fills outputs with NaN, calls the
-candidate, and hands back the whole allocation. The parent then regenerates the inputs from their seed
-(the child could have rewritten its files), computes the float64 reference, rounds it to the output dtype
-and compares (``|got - ref| <= atol + rtol·|ref|``), checks the guard bytes and that inputs are unchanged.
-The reference answer never exists in the candidate's process.
+records) and sends them to the worker over its pipe. The worker (engine/harness/worker.py) places every
+buffer inside a larger allocation with random guard bytes before and after it, fills outputs with NaN,
+calls the candidate, and sends the whole allocation back on the pipe before any more candidate code runs.
+The parent computes the float64 reference, rounds it to the output dtype and compares
+(``|got - ref| <= atol + rtol·|ref|``), checks the guard bytes and that inputs are unchanged. The reference
+answer never exists in the candidate's process, and nothing is read back from a folder it can write.
 
 All trials of one shape run back to back in the same buffers, so a kernel that caches results across
-calls (by pointer, say) returns the previous trial's answer and fails. The first failing trial stops the
-run: its evidence (shape, seed, distribution, max abs/rel error, worst index) is the verdict's.
+calls (by pointer, say) returns the previous trial's answer and fails. The first trial of each shape is
+also run twice more, in the same buffers:
 
-:class:`HarnessRun` is the plumbing shared with benchmarking: a sandbox, the libraries and the plan in it,
-the progress the worker reports, and the verdict of a child that crashed, hung or broke a rule.
+- on identical inputs with a different NaN pre-fill: the outputs must be bitwise identical (uninitialised
+  reads and races show up), unless the problem declares itself nondeterministic (``DETERMINISTIC = False``);
+- with a few randomly chosen inner elements of one input changed: the output must follow (a kernel that
+  caches its answer keyed on a sample of its input returns the stale one).
+
+The first failing trial stops the run: its evidence (shape, seed, distribution, max abs/rel error, worst
+index) is the verdict's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
-import signal
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine.errors import UserError
-from engine.harness.cpu import artifact_path, harness_shim
-from engine.harness.sandbox import Sandbox, SandboxLimits, SandboxOutcome
+from engine.harness import protocol as p
+from engine.harness.driver import ArtifactNotFound, Contender, Failed, SandboxFailure
+from engine.harness.sandbox import CpuLease, SandboxLimits
 from engine.harness.verdicts import CaseEvidence, ValidationReport, Verdict
 from engine.problems import DTYPES, Problem
 
+__all__ = ["ArtifactNotFound", "SandboxFailure", "validate_artifact"]
+
 GUARD_BYTES = 1024
 DEFAULT_CALL_TIMEOUT_S = 10.0
-# The parent keeps generated inputs in memory up to this much, rather than generating them again to check.
-KEPT_INPUT_BYTES = 256 << 20
-# A fatal signal with the address space within this fraction of its limit is an allocation that failed:
-# a worker normally uses well under half of it (the limit is several times the largest trial).
-MEMORY_MARGIN_FRACTION = 0.25
-
-
-class ArtifactNotFound(UserError):
-    """An artifact id with no compiled library in this machine's cache."""
-
-
-class SandboxFailure(RuntimeError):
-    """The sandbox itself could not be set up: the machine's fault, not the candidate's (retry elsewhere)."""
+# Inner elements of one input changed by the sampled-caching check.
+PERTURBED_ELEMENTS = 3
 
 
 @dataclass(frozen=True)
@@ -88,41 +80,10 @@ def plan_trials(problem: Problem, phase: str, seeds: int, base_seed: int) -> lis
 
 def _array_bytes(problem: Problem, shape: dict[str, int]) -> int:
     return sum(
-        int(np.prod(p.dims(shape), dtype=np.int64)) * np.dtype(DTYPES[p.dtype]).itemsize
-        for p in problem.params
-        if p.is_array
+        int(np.prod(q.dims(shape), dtype=np.int64)) * np.dtype(DTYPES[q.dtype]).itemsize
+        for q in problem.params
+        if q.is_array
     )
-
-
-def write_validation_phase(
-    problem: Problem,
-    directory: Path,
-    label: str,
-    groups: list[list[Trial]],
-    keep: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Generate the inputs of every trial into ``directory`` and return the plan's phase entry. Inputs
-    are also kept in ``keep`` (by trial id) while they add up to less than KEPT_INPUT_BYTES."""
-    plan_groups = []
-    kept = 0
-    for group in groups:
-        cases = []
-        for trial in group:
-            inputs = problem.make_inputs(trial.shape, trial.distribution, trial.seed)
-            size = sum(v.nbytes for v in inputs.values() if isinstance(v, np.ndarray))
-            if keep is not None and kept + size <= KEPT_INPUT_BYTES:
-                keep[trial.id] = inputs
-                kept += size
-            files, scalars = {}, {}
-            for p in problem.params:
-                if p.role in ("in", "inout"):
-                    files[p.name] = f"{trial.id}.{p.name}.npy"
-                    np.save(directory / files[p.name], inputs[p.name])
-                elif p.role == "scalar":
-                    scalars[p.name] = float(inputs[p.name]) if "float" in p.dtype else int(inputs[p.name])
-            cases.append({"id": trial.id, "inputs": files, "scalars": scalars})
-        plan_groups.append({"shape": group[0].shape, "cases": cases})
-    return {"kind": "validate", "label": label, "guard_file": "guard.bin", "groups": plan_groups}
 
 
 def compare_output(
@@ -173,34 +134,14 @@ def _jsonable(value: float) -> float | None:
 
 
 class TrialChecker:
-    """Judges each finished trial from the child's dumps; deletes the files it has judged."""
+    """Judges each finished trial from the regions the worker sent back."""
 
-    def __init__(
-        self,
-        problem: Problem,
-        directory: Path,
-        guard: bytes,
-        trials: Sequence[Trial],
-        inputs: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, problem: Problem, guard: bytes) -> None:
         self.problem = problem
-        self.directory = directory
         self.guard = np.frombuffer(guard, dtype=np.uint8)
-        self.trials = {t.id: t for t in trials}
-        # Inputs kept from generation (never read back from the sandbox, which the child can write);
-        # a trial not kept here is generated again from its seed.
-        self.inputs = inputs if inputs is not None else {}
         self.checked = 0
 
-    def check(self, trial_id: str) -> CaseEvidence | None:
-        trial = self.trials[trial_id]
-        try:
-            return self._check(trial)
-        finally:
-            for path in self.directory.glob(f"{trial_id}.*"):
-                path.unlink(missing_ok=True)
-
-    def _evidence(self, trial: Trial, check: str, **fields: Any) -> CaseEvidence:
+    def evidence(self, trial: Trial, check: str, **fields: Any) -> CaseEvidence:
         return CaseEvidence(
             phase=trial.phase,
             check=check,
@@ -210,301 +151,232 @@ class TrialChecker:
             **fields,
         )
 
-    def _check(self, trial: Trial) -> CaseEvidence | None:
+    def outputs(self, trial: Trial, regions: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The output arrays inside their regions."""
+        g = len(self.guard)
+        found = {}
+        for q in self.problem.outputs:
+            dims = q.dims(trial.shape)
+            dtype = np.dtype(DTYPES[q.dtype])
+            nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+            found[q.name] = regions[q.name][g : g + nbytes].view(dtype).reshape(dims)
+        return found
+
+    def check(
+        self,
+        trial: Trial,
+        inputs: dict[str, Any],
+        regions: dict[str, np.ndarray],
+        note: str = "",
+        output_check: str = "output",
+    ) -> CaseEvidence | None:
+        """None when the trial passed; else the evidence of its first failed check."""
         problem = self.problem
-        inputs = self.inputs.pop(trial.id, None)
-        if inputs is None:
-            inputs = problem.make_inputs(trial.shape, trial.distribution, trial.seed)
         g = len(self.guard)
         outputs: dict[str, np.ndarray] = {}
-        for p in problem.params:
-            if not p.is_array:
+        for q in problem.params:
+            if not q.is_array:
                 continue
-            dims = p.dims(trial.shape)
-            dtype = np.dtype(DTYPES[p.dtype])
+            dims = q.dims(trial.shape)
+            dtype = np.dtype(DTYPES[q.dtype])
             nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-            try:
-                raw = np.fromfile(self.directory / f"{trial.id}.{p.name}.bin", dtype=np.uint8)
-            except OSError:
-                raw = np.zeros(0, dtype=np.uint8)
+            raw = regions.get(q.name, np.zeros(0, dtype=np.uint8))
             if raw.size != g + nbytes + g:
-                return self._evidence(trial, "harness", output=p.name, message=f"buffer {p.name} was not returned")
+                return self.evidence(trial, "harness", output=q.name, message=f"buffer {q.name} was not returned")
             for where, guard in (("guard_before", raw[:g]), ("guard_after", raw[g + nbytes :])):
                 changed = np.flatnonzero(guard != self.guard)
                 if changed.size:
                     offset = int(changed[0]) - g if where == "guard_before" else int(changed[0])
                     side = "before the start" if where == "guard_before" else "past the end"
-                    return self._evidence(
+                    return self.evidence(
                         trial,
                         where,
-                        output=p.name,
+                        output=q.name,
                         worst_index=[offset],
                         message=(
-                            f"wrote {side} of {p.name}: {changed.size} guard byte(s) changed, the first "
+                            f"wrote {side} of {q.name}: {changed.size} guard byte(s) changed, the first "
                             f"{abs(offset) if where == 'guard_before' else offset} byte(s) "
                             f"{'before' if where == 'guard_before' else 'after'} the buffer"
                         ),
                     )
             data = raw[g : g + nbytes].view(dtype).reshape(dims)
-            if p.role == "in":
-                original = np.asarray(inputs[p.name])
+            if q.role == "in":
+                original = np.ascontiguousarray(inputs[q.name])
                 if data.tobytes() != original.tobytes():
-                    diff = np.flatnonzero(data.view(np.uint8) != original.view(np.uint8).reshape(-1))
+                    diff = np.flatnonzero(data.view(np.uint8).reshape(-1) != original.view(np.uint8).reshape(-1))
                     element = int(diff[0]) // dtype.itemsize
                     index = [int(i) for i in np.unravel_index(element, dims)]
-                    return self._evidence(
+                    return self.evidence(
                         trial,
                         "input_modified",
-                        output=p.name,
+                        output=q.name,
                         worst_index=index,
-                        message=f"the candidate modified its input {p.name} (first change at {tuple(index)})",
+                        message=f"the candidate modified its input {q.name} (first change at {tuple(index)})",
                     )
             else:
-                outputs[p.name] = data
+                outputs[q.name] = data
         reference = problem.reference(inputs, trial.shape)
-        for p in problem.outputs:
-            atol, rtol = problem.tolerance(p.dtype, trial.shape, inputs)
-            passed, fields = compare_output(p.name, outputs[p.name], reference[p.name], atol, rtol)
+        for q in problem.outputs:
+            atol, rtol = problem.tolerance(q.dtype, trial.shape, inputs)
+            passed, fields = compare_output(q.name, outputs[q.name], reference[q.name], atol, rtol)
             if not passed:
-                return self._evidence(trial, "output", **fields)
+                if note:
+                    fields["message"] = f"{note}: {fields['message']}"
+                return self.evidence(trial, output_check, **fields)
         self.checked += 1
         return None
 
 
-@dataclass
-class ProgressState:
-    """What the worker has reported so far (progress.jsonl), read incrementally while it runs."""
-
-    offset: int = 0
-    partial: bytes = b""
-    phase: str = ""
-    current: str | None = None
-    current_since: float = 0.0
-    bench_index: int | None = None
-    finished: bool = False
-    problems: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-class HarnessRun:
-    """One sandboxed run of the harness worker on a plan; see the module docstring."""
-
-    def __init__(
-        self,
-        problem: Problem,
-        *,
-        threads: int,
-        cache_dir: Path | None,
-        isolation: str = "auto",
-        exclusive_wait_s: float = 0.0,
-    ) -> None:
-        self.problem = problem
-        self.cache_dir = cache_dir
-        self.sandbox = Sandbox(threads=threads, isolation=isolation, exclusive_wait_s=exclusive_wait_s)
-        self.dir = self.sandbox.dir
-        self.threads = threads
-        self.guard = os.urandom(GUARD_BYTES)
-        (self.dir / "guard.bin").write_bytes(self.guard)
-        self.state = ProgressState()
-        shim = harness_shim(cache_dir)
-        self.shim = None
-        if shim is not None:
-            shutil.copyfile(shim, self.dir / "kf_shim.so")
-            self.shim = "kf_shim.so"
-
-    def __enter__(self) -> HarnessRun:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sandbox.close()
-
-    def add_library(self, label: str, artifact_id: str, copies: int = 1) -> dict[str, Any]:
-        """Copy an artifact into the sandbox ``copies`` times; each copy is loaded separately, at its own
-        address (even A/A gets independent loads, and timing can average over code placement)."""
-        source = artifact_path(artifact_id, self.cache_dir)
-        if not source.is_file():
-            raise ArtifactNotFound(
-                f"artifact {artifact_id} is not in this machine's cache ({source}); compile the source here "
-                "first (engine.harness.cpu.compile_source)"
-            )
-        names = [f"{label}.{copy}.so" for copy in range(copies)]
-        for name in names:
-            shutil.copyfile(source, self.dir / name)
-        return {"label": label, "kind": "artifact", "libraries": names}
-
-    def add_problem_module(self) -> str:
-        shutil.copyfile(self.problem.folder / "problem.py", self.dir / "problem.py")
-        return "problem.py"
-
-    def plan(
-        self, contenders: list[dict[str, Any]], phases: list[dict[str, Any]], *, problem_py: bool
-    ) -> dict[str, Any]:
-        return {
-            "entry": self.problem.entry,
-            "params": [
-                {"name": p.name, "role": p.role, "dtype": p.dtype, "shape": list(p.shape)} for p in self.problem.params
-            ],
-            "contenders": contenders,
-            "threads": self.threads,
-            "cpus": self.sandbox.cpus,
-            "process_check": "namespace" if self.sandbox.isolation == "namespaces" else "children",
-            "shim": self.shim,
-            "problem_py": self.add_problem_module() if problem_py else None,
-            "phases": phases,
-        }
-
-    def run(
-        self,
-        plan: dict[str, Any],
-        limits: SandboxLimits,
-        on_event: Callable[[dict[str, Any]], str | None],
-        *,
-        call_timeout_s: float,
-        poll_s: float = 0.02,
-    ) -> SandboxOutcome:
-        """Run the worker on ``plan``; ``on_event`` sees each progress event and may return a reason to stop."""
-        (self.dir / "plan.json").write_text(json.dumps(plan))
-        state = self.state
-        stop: list[str] = []
-
-        def watch() -> str | None:
-            reason = self._read_progress(on_event)
-            if reason:
-                stop.append(reason)
-                return reason
-            if state.current is not None and time.monotonic() - state.current_since > call_timeout_s:
-                reason = f"timeout: one call ran longer than {call_timeout_s:g}s"
-                stop.append(reason)
-                return reason
-            return None
-
-        outcome = self.sandbox.run(
-            self.sandbox.worker_command(str(self.dir / "plan.json")), limits, watch=watch, poll_s=poll_s
-        )
-        if not stop:
-            self._read_progress(on_event)
-        if outcome.setup_error:
-            raise SandboxFailure(outcome.setup_error)
-        return outcome
-
-    def _read_progress(self, on_event: Callable[[dict[str, Any]], str | None]) -> str | None:
-        state = self.state
-        try:
-            with open(self.dir / "progress.jsonl", "rb") as log:
-                log.seek(state.offset)
-                chunk = log.read()
-        except FileNotFoundError:
-            return None
-        state.offset += len(chunk)
-        data = state.partial + chunk
-        lines = data.split(b"\n")
-        state.partial = lines.pop()
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a candidate may write garbage into an inherited descriptor; ignore it
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("ev")
-            if kind == "start":
-                state.current, state.current_since = str(event.get("case")), time.monotonic()
-            elif kind == "done":
-                state.current = None
-            elif kind == "phase":
-                state.phase = str(event.get("phase"))
-            elif kind == "bench_start":
-                state.bench_index = int(event.get("index", 0))
-                state.current, state.current_since = None, time.monotonic()
-            elif kind == "finished":
-                state.finished = True
-            elif kind in ("violation", "error", "fatal"):
-                state.problems.append(event)
-            reason = on_event(event)
-            if reason:
-                return reason
+def _perturbed(problem: Problem, trial: Trial, inputs: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The inputs with a few randomly chosen inner elements of one input changed so that the reference
+    changes, and a note saying which; None when no such change exists (e.g. a one-element input)."""
+    target = next((q for q in problem.params if q.role in ("in", "inout") and "float" in q.dtype and q.is_array), None)
+    if target is None:
         return None
-
-
-def verdict_from_outcome(
-    outcome: SandboxOutcome,
-    state: ProgressState,
-    limits: SandboxLimits,
-    where: Callable[[str, str], CaseEvidence],
-) -> tuple[Verdict, CaseEvidence, int | None] | None:
-    """The verdict of a child that did not finish cleanly (crash, timeout, rule broken), with evidence;
-    None when it finished and left nothing behind. ``where(check, message)`` fills in the trial."""
-    problems = state.problems
-    violation = next((p for p in problems if p.get("ev") == "violation"), None)
-    if outcome.killed and outcome.killed.startswith(("timeout", "wall-clock")):
-        return Verdict.timeout, where("timeout", f"stopped: {outcome.killed}"), None
-    if violation is not None:
-        return Verdict.resource_limit, where(str(violation.get("check")), str(violation.get("message"))), None
-    error = next((p for p in problems if p.get("ev") == "error"), None)
-    fatal = next((p for p in problems if p.get("ev") == "fatal"), None)
-    signum = outcome.signal or (int(fatal["signal"]) if fatal else None)
-    if error is not None and error.get("kind") == "memory":
-        return Verdict.resource_limit, where("memory", str(error.get("message"))), None
-    if signum is not None:
-        name = _signal_name(signum)
-        peak = int(fatal.get("vm_peak_kb", 0)) * 1024 if fatal else 0
-        if signum == signal.SIGXCPU:
-            return (
-                Verdict.timeout,
-                where("timeout", f"CPU-time limit of {limits.cpu_seconds}s reached ({name})"),
-                signum,
-            )
-        if signum == signal.SIGXFSZ:
-            return Verdict.resource_limit, where("file_size", f"wrote a file past the size limit ({name})"), signum
-        if peak >= limits.address_space_bytes * (1 - MEMORY_MARGIN_FRACTION):
-            return (
-                Verdict.resource_limit,
-                where(
-                    "memory",
-                    f"died from {name} with its address space at {peak >> 20} MiB of the "
-                    f"{limits.address_space_bytes >> 20} MiB limit: an allocation failed",
-                ),
-                signum,
-            )
-        if signum == signal.SIGKILL:
-            return (
-                Verdict.resource_limit,
-                where("signal", "killed by SIGKILL: the CPU-time hard limit or the machine ran out of memory"),
-                signum,
-            )
-        address = f" at address {fatal['address']}" if fatal and signum in (signal.SIGSEGV, signal.SIGBUS) else ""
-        return Verdict.crash, where("signal", f"crashed with {name} (signal {signum}){address}"), signum
-    if error is not None:
-        check = "load" if error.get("kind") == "load" else "harness"
-        return Verdict.crash, where(check, f"the harness child failed: {error.get('message')}"), None
-    if outcome.leftover or outcome.status.get("refused_forks"):
-        refused = outcome.status.get("refused_forks") or 0
-        return (
-            Verdict.resource_limit,
-            where(
-                "processes",
-                f"the candidate started processes: {outcome.leftover} still alive at the end"
-                + (f", {refused} fork(s) refused by the process limit" if refused else ""),
-            ),
-            None,
-        )
-    if not state.finished:
-        code = outcome.exit_code
-        return Verdict.crash, where("exit", f"the process exited (status {code}) before finishing"), None
+    original = np.asarray(inputs[target.name])
+    flat = original.reshape(-1)
+    if flat.size < 3:
+        return None
+    rng = np.random.default_rng(trial.seed ^ 0x5EED)
+    reference = problem.reference(inputs, trial.shape)
+    for _ in range(5):
+        count = min(PERTURBED_ELEMENTS, flat.size - 2)
+        where = rng.choice(np.arange(1, flat.size - 1), size=count, replace=False)  # never the ends
+        changed = flat.copy()
+        # Another element's value: still a plausible input of the same distribution.
+        changed[where] = flat[rng.integers(0, flat.size, size=count)]
+        same = changed[where] == flat[where]
+        changed[where[same]] = flat[where[same]] * np.float32(0.5) + np.float32(0.25)
+        candidate = {**inputs, target.name: changed.reshape(original.shape)}
+        after = problem.reference(candidate, trial.shape)
+        if any(not np.allclose(after[q.name], reference[q.name], rtol=1e-4, atol=1e-5) for q in problem.outputs):
+            index = [tuple(int(i) for i in np.unravel_index(int(w), original.shape)) for w in where]
+            return candidate, f"after {count} element(s) of {target.name} at {index} were changed"
     return None
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+class TrialRunner:
+    """Sends trials to a candidate's worker and judges them; one per sandboxed run."""
+
+    def __init__(self, problem: Problem, contender: Contender, call_timeout_s: float) -> None:
+        self.problem = problem
+        self.contender = contender
+        self.call_timeout_s = call_timeout_s
+        self.guard = np.random.default_rng().integers(0, 256, GUARD_BYTES, dtype=np.uint8).tobytes()
+        self.checker = TrialChecker(problem, self.guard)
+        self.current: Trial | None = None
+
+    def send(self, trial: Trial, inputs: dict[str, Any], *, poison: int = 0) -> dict[str, np.ndarray]:
+        """Run one trial in the worker; the regions it sent back, by parameter name."""
+        self.current = trial
+        arrays, specs, scalars = [], [], {}
+        for q in self.problem.params:
+            if q.role in ("in", "inout"):
+                array = np.ascontiguousarray(inputs[q.name], dtype=DTYPES[q.dtype])
+                arrays.append(array.reshape(-1).view(np.uint8).data)
+                specs.append(p.ArraySpec(name=q.name, dtype=q.dtype, dims=list(array.shape), nbytes=array.nbytes))
+            elif q.role == "scalar":
+                value = inputs[q.name]
+                scalars[q.name] = float(value) if "float" in q.dtype else int(value)
+        command = p.Trial(
+            id=trial.id,
+            shape=trial.shape,
+            scalars=scalars,
+            inputs=specs,
+            guard=len(self.guard),
+            poison=poison,
+            payload_bytes=len(self.guard) + sum(s.nbytes for s in specs),
+        )
+        reply, data = self.contender.request(command, self.guard, *arrays, timeout=self.call_timeout_s)
+        if not isinstance(reply, p.TrialDone) or reply.id != trial.id:
+            raise Failed(Verdict.forbidden, "protocol", f"a trial was answered with {reply.kind}")
+        regions, offset = {}, 0
+        for spec in reply.regions:
+            regions[spec.name] = np.frombuffer(data, dtype=np.uint8, count=spec.nbytes, offset=offset)
+            offset += spec.nbytes
+        return regions
+
+    def run(self, groups: list[list[Trial]]) -> CaseEvidence | None:
+        """Every trial, then the extra checks on each shape's first trial; the first failure's evidence."""
+        for group in groups:
+            for trial in group:
+                inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
+                failure = self.checker.check(trial, inputs, self.send(trial, inputs))
+                if failure is not None:
+                    return failure
+            failure = self.extra_checks(group[0])
+            if failure is not None:
+                return failure
+        self.current = None
+        return None
+
+    def extra_checks(self, trial: Trial) -> CaseEvidence | None:
+        """Two more calls in the same buffers: identical inputs (bitwise-identical outputs, unless the problem
+        declares itself nondeterministic), then a few inner elements of one input changed (the output must
+        follow)."""
+        inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
+        first = self.send(trial, inputs)
+        failure = self.checker.check(trial, inputs, first)
+        if failure is not None:
+            return failure
+        before = {name: array.copy() for name, array in self.checker.outputs(trial, first).items()}
+        again = self.send(trial, inputs, poison=1)
+        failure = self.checker.check(trial, inputs, again, "called again on the same inputs", "repeated_call")
+        if failure is not None:
+            return failure
+        if self.problem.deterministic:
+            for name, earlier in before.items():
+                later = self.checker.outputs(trial, again)[name]
+                if earlier.tobytes() != later.tobytes():
+                    diff = np.flatnonzero(earlier.view(np.uint8).reshape(-1) != later.view(np.uint8).reshape(-1))
+                    index = [int(i) for i in np.unravel_index(int(diff[0]) // earlier.dtype.itemsize, earlier.shape)]
+                    return self.checker.evidence(
+                        trial,
+                        "nondeterministic",
+                        output=name,
+                        worst_index=index,
+                        message=(
+                            f"two calls on identical inputs gave different bits in {name} (first at "
+                            f"{tuple(index)}): uninitialised reads or a race; a problem whose kernels may "
+                            "legitimately differ run to run declares DETERMINISTIC = False"
+                        ),
+                    )
+        changed = _perturbed(self.problem, trial, inputs)
+        if changed is not None:
+            perturbed, note = changed
+            return self.checker.check(trial, perturbed, self.send(trial, perturbed), note, "sampled_input")
+        return None
+
+    def where(self, check: str, message: str, phase: str) -> CaseEvidence:
+        """Evidence naming the trial that was running when the worker failed."""
+        trial = self.current
+        if trial is None:
+            return CaseEvidence(phase=phase, check=check, message=message)
+        return CaseEvidence(
+            phase=trial.phase,
+            check=check,
+            shape=trial.shape,
+            seed=trial.seed,
+            distribution=trial.distribution,
+            message=message,
+        )
 
 
 def address_space_limit(problem: Problem, shapes: Sequence[dict[str, int]], extra: int = 0) -> int:
     """Address space for the worker: Python + numpy, a few copies of the largest trial, and ``extra``."""
     largest = max((_array_bytes(problem, s) for s in shapes), default=0)
     return max(2 << 30, (1 << 30) + 6 * largest + extra)
+
+
+def validation_limits(problem: Problem, trials: int, call_timeout_s: float) -> SandboxLimits:
+    """Limits of a validation worker: time for every trial (three calls for each shape's first), memory
+    for a few copies of the largest trial."""
+    return SandboxLimits(
+        wall_seconds=120 + 3 * trials * call_timeout_s / 10,
+        cpu_seconds=int(150 + 3 * trials * call_timeout_s / 10),
+        address_space_bytes=address_space_limit(problem, problem.validation_shapes),
+        file_size_bytes=64 << 20,
+    )
 
 
 def validate_artifact(
@@ -520,70 +392,63 @@ def validate_artifact(
 ) -> ValidationReport:
     """Run the candidate on every validation shape × ``seeds`` seeds × distribution, in the sandbox."""
     started = time.perf_counter()
-    with HarnessRun(problem, threads=threads, cache_dir=cache_dir, isolation=isolation) as run:
-        groups = plan_trials(problem, "validation", seeds, base_seed)
-        trials = [t for g in groups for t in g]
-        kept: dict[str, dict[str, Any]] = {}
-        phase = write_validation_phase(problem, run.dir, "validation", groups, kept)
-        plan = run.plan([run.add_library("candidate", artifact_id)], [phase], problem_py=False)
-        limits = SandboxLimits(
-            wall_seconds=120 + 2 * len(trials) * call_timeout_s / 10,
-            cpu_seconds=int(150 + 2 * len(trials) * call_timeout_s / 10),
-            address_space_bytes=address_space_limit(problem, problem.validation_shapes),
-            file_size_bytes=max(64 << 20, 2 * max(_array_bytes(problem, s) for s in problem.validation_shapes)),
+    groups = plan_trials(problem, "validation", seeds, base_seed)
+    limits = validation_limits(problem, sum(len(g) for g in groups), call_timeout_s)
+    lease = CpuLease(threads)
+    contender: Contender | None = None
+    runner: TrialRunner | None = None
+    try:
+        contender = Contender(
+            problem,
+            label="candidate",
+            kind="artifact",
+            artifact_id=artifact_id,
+            threads=threads,
+            cpus=lease.cpus,
+            limits=limits,
+            cache_dir=cache_dir,
+            isolation=isolation,
         )
-        checker = TrialChecker(problem, run.dir, run.guard, trials, kept)
-        failures: list[CaseEvidence] = []
-
-        def on_event(event: dict[str, Any]) -> str | None:
-            if event.get("ev") == "done" and event.get("case") in checker.trials:
-                evidence = checker.check(str(event["case"]))
-                if evidence is not None:
-                    failures.append(evidence)
-                    return "stop: incorrect"
-            return None
-
-        outcome = run.run(plan, limits, on_event, call_timeout_s=call_timeout_s)
-        return report_validation(run, outcome, limits, failures, checker, trials, started)
-
-
-def report_validation(
-    run: HarnessRun,
-    outcome: SandboxOutcome,
-    limits: SandboxLimits,
-    failures: list[CaseEvidence],
-    checker: TrialChecker,
-    trials: Sequence[Trial],
-    started: float,
-) -> ValidationReport:
-    common = {
-        "trials": checker.checked,
-        "output_tail": outcome.output_tail[-2000:],
-        "isolation": str(outcome.isolation),
-        "seconds": time.perf_counter() - started,
-    }
-    if failures:
-        first = failures[0]
-        return ValidationReport(verdict=Verdict.incorrect, cases=failures, message=first.message, **common)
-    by_id = {t.id: t for t in trials}
-
-    def where(check: str, message: str) -> CaseEvidence:
-        trial = by_id.get(run.state.current or "")
-        if trial is None:
-            return CaseEvidence(phase=run.state.phase or "validation", check=check, message=message)
-        return CaseEvidence(
-            phase=trial.phase,
-            check=check,
-            shape=trial.shape,
-            seed=trial.seed,
-            distribution=trial.distribution,
-            message=message,
+        runner = TrialRunner(problem, contender, call_timeout_s)
+        failure = runner.run(groups)
+        outcome = contender.close()
+        common = {
+            "trials": runner.checker.checked,
+            "output_tail": outcome.output_tail[-2000:],
+            "isolation": str(outcome.isolation),
+        }
+        if failure is not None:
+            return ValidationReport(
+                verdict=Verdict.incorrect,
+                cases=[failure],
+                message=failure.message,
+                seconds=time.perf_counter() - started,
+                **common,
+            )
+        return ValidationReport(
+            verdict=Verdict.ok,
+            message=f"{runner.checker.checked} trials passed",
+            seconds=time.perf_counter() - started,
+            **common,
         )
-
-    failed = verdict_from_outcome(outcome, run.state, limits, where)
-    if failed is not None:
-        verdict, evidence, signum = failed
-        return ValidationReport(verdict=verdict, cases=[evidence], signal=signum, message=evidence.message, **common)
-    return ValidationReport(
-        verdict=Verdict.ok, message=f"{checker.checked} trials passed on {len(trials)} planned", **common
-    )
+    except Failed as failed:
+        evidence = (
+            runner.where(failed.check, failed.message, "validation")
+            if runner is not None
+            else CaseEvidence(phase="validation", check=failed.check, message=failed.message)
+        )
+        tail = contender.exited.output_tail[-2000:] if contender is not None and contender.exited else ""
+        return ValidationReport(
+            verdict=failed.verdict,
+            cases=[evidence],
+            signal=failed.signal,
+            message=failed.message,
+            trials=runner.checker.checked if runner is not None else 0,
+            output_tail=tail,
+            isolation=str(contender.sandbox.isolation) if contender is not None else "",
+            seconds=time.perf_counter() - started,
+        )
+    finally:
+        if contender is not None:
+            contender.discard()
+        lease.release()

@@ -30,6 +30,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from engine.hardware import HardwareFingerprint
+from engine.harness.screen import ScreenViolation
 
 
 class Verdict(StrEnum):
@@ -49,7 +50,9 @@ class Verdict(StrEnum):
 class CompileResult(BaseModel):
     """The outcome of compiling one source with one set of flags into a shared library."""
 
-    verdict: Verdict = Field(description="ok or compile_error.")
+    verdict: Verdict = Field(
+        description="ok, compile_error, or forbidden when the built library failed the screen (see screen)."
+    )
     artifact_id: str | None = Field(
         default=None,
         description="Content hash of source, flags, compiler version, target and ABI; None on failure.",
@@ -57,12 +60,17 @@ class CompileResult(BaseModel):
     error_category: str | None = Field(
         default=None,
         description=(
-            "Why it failed: syntax, undeclared, type, wrong_signature, missing_entry, disallowed_flag, "
-            "linker, timeout, compiler_crash or other."
+            "Why it failed: syntax, undeclared, type, wrong_signature, missing_entry, disallowed_flag, include "
+            "(a refused or missing #include), linker, timeout, compiler_crash, other, or forbidden_<kind> "
+            "(forbidden_constructor, forbidden_symbol…: the screen's first violation)."
         ),
     )
     first_error: str | None = Field(default=None, description="The first error line, or the harness's message.")
     log: str = Field(default="", description="Compiler output, truncated to a few KiB.")
+    screen: list[ScreenViolation] = Field(
+        default_factory=list,
+        description="What the screen of the built library found (engine.harness.screen); empty unless forbidden.",
+    )
     flags: list[str] = Field(default_factory=list, description="The candidate's flags, as given and allowed.")
     compiler: str = Field(default="", description="Compiler version line.")
     target: str = Field(default="", description="CPU target the artifact was built for.")
@@ -115,8 +123,8 @@ class ShapeTiming(BaseModel):
     candidate_ns: float = Field(description="Median candidate time per call, nanoseconds.")
     reference_ns: float = Field(description="Median reference time per call, nanoseconds.")
     ratio: float = Field(description="Median over rounds of reference_ns / candidate_ns (>1: candidate faster).")
-    ci_low: float = Field(description="Lower end of the bootstrap 95% interval of ratio.")
-    ci_high: float = Field(description="Upper end of the bootstrap 95% interval of ratio.")
+    ci_low: float = Field(description="Lower end of the bootstrap interval of ratio at the report's `confidence`.")
+    ci_high: float = Field(description="Upper end of the bootstrap interval of ratio at the report's `confidence`.")
     samples: int = Field(description="Paired rounds timed.")
     roofline_ns: float | None = Field(
         default=None, description="Physical lower bound of one call on this machine, nanoseconds."
@@ -131,8 +139,15 @@ class BenchmarkReport(BaseModel):
     speedup: float = Field(
         description="Weighted geometric mean over shapes of reference_time / candidate_time (>1: faster)."
     )
-    ci_low: float = Field(description="Lower end of the joint bootstrap 95% interval of speedup.")
-    ci_high: float = Field(description="Upper end of the joint bootstrap 95% interval of speedup.")
+    ci_low: float = Field(description="Lower end of the joint bootstrap interval of speedup at `confidence`.")
+    ci_high: float = Field(description="Upper end of the joint bootstrap interval of speedup at `confidence`.")
+    confidence: float = Field(
+        default=0.95,
+        description=(
+            "Confidence level of ci_low/ci_high and of every shape's interval (0.95: a 95% interval); the "
+            "search's is its promotion policy's. Reports recorded before the field existed were at 0.95."
+        ),
+    )
     shapes: list[ShapeTiming] = Field(default_factory=list, description="Per-shape timings.")
     threads: int = Field(default=1, description="Cores the candidate and the reference were pinned to.")
     cpus_exclusive: bool = Field(
@@ -147,8 +162,12 @@ class BenchmarkReport(BaseModel):
     timed_seconds: float = Field(
         default=0.0, description="Seconds inside timed calls, all contenders, timed rounds only (not warm-up)."
     )
-    loop_seconds: float = Field(
-        default=0.0, description="Seconds of the timing loops: warm-up, timed calls and the checks between them."
+    handshake_share: float = Field(
+        default=0.0,
+        description=(
+            "The parent's pipe handshake (Go to Done with no calls) over the median timed batch, worst shape: "
+            "how much of each timed batch is not the kernel's."
+        ),
     )
     seconds: float = Field(default=0.0, description="Wall-clock seconds spent (shared by all references).")
 

@@ -1,0 +1,85 @@
+"""How fast is this machine? Its measured bandwidth and peak, the denominators of every roofline figure.
+
+Measured once per hardware fingerprint and thread budget, in a sandboxed worker with numpy only (no
+candidate code), and cached on disk under the cache folder (``machine/limits-<key>.json``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from engine import config
+from engine.hardware import MachineLimits, hardware_fingerprint, hardware_key, llc_bytes
+from engine.harness import protocol as p
+from engine.harness.driver import Contender, Failed
+from engine.harness.sandbox import CpuLease, SandboxLimits
+
+# How long a measurement waits for CPUs no other sandbox on the machine holds before using shared ones.
+EXCLUSIVE_WAIT_S = 120.0
+
+_limits_lock = threading.Lock()
+_limits_memo: dict[str, MachineLimits] = {}
+
+
+class CalibrationFailed(RuntimeError):
+    """The machine's limits could not be measured: the machine's problem, never a kernel's verdict."""
+
+
+def machine_limits(threads: int = 1, cache_dir: Path | None = None, *, isolation: str = "auto") -> MachineLimits:
+    """Measured bandwidth and peak for ``threads`` cores: once per process, cached on disk per hardware."""
+    key = f"{hardware_key(hardware_fingerprint(threads))}-t{threads}"
+    with _limits_lock:
+        if key in _limits_memo:
+            return _limits_memo[key]
+        path = config.machine_dir(cache_dir) / f"limits-{key}.json"
+        if path.is_file():
+            limits = MachineLimits.model_validate_json(path.read_text())
+        else:
+            limits = _calibrate(key, threads, cache_dir, isolation)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(limits.model_dump_json())
+            tmp.replace(path)
+        _limits_memo[key] = limits
+        return limits
+
+
+def _calibrate(key: str, threads: int, cache_dir: Path | None, isolation: str) -> MachineLimits:
+    from engine.problems import load_problem
+
+    # The worker's plan names a problem's ABI; calibration touches none of it.
+    problem = load_problem("softmax")
+    lease = CpuLease(threads, wait_s=EXCLUSIVE_WAIT_S)
+    contender: Contender | None = None
+    try:
+        contender = Contender(
+            problem,
+            label="calibration",
+            kind="none",
+            threads=threads,
+            cpus=lease.cpus,
+            limits=SandboxLimits(wall_seconds=300, cpu_seconds=600, address_space_bytes=4 << 30),
+            cache_dir=cache_dir,
+            isolation=isolation,
+        )
+        reply, _ = contender.request(
+            p.Calibrate(gemm_n=1024 if threads == 1 else 2048), timeout=300, what="calibration"
+        )
+        contender.close()
+    except Failed as failed:
+        raise CalibrationFailed(f"machine calibration failed: {failed.message}") from None
+    finally:
+        if contender is not None:
+            contender.discard()
+        lease.release()
+    if not isinstance(reply, p.Calibration):
+        raise CalibrationFailed(f"machine calibration failed: the worker answered {reply.kind}")
+    return MachineLimits(
+        key=key,
+        threads=threads,
+        dram_bandwidth_gbs=reply.dram_bps / 1e9,
+        cache_bandwidth_gbs=reply.cache_bps / 1e9,
+        peak_gflops=reply.peak_flops / 1e9,
+        llc_bytes=llc_bytes() or 32 << 20,
+    )

@@ -1,0 +1,296 @@
+"""The one protocol between the judge (parent) and a sandboxed worker (engine/harness/worker.py).
+
+Every message is a pydantic model framed on a pipe as ``<u32 length><JSON>`` followed by ``payload_bytes``
+raw bytes (array contents), so the parent and the child share these models and nothing else: no dicts, no
+files in the sandbox folder that the parent reads back. Commands go parent -> child on one pipe, replies
+child -> parent on another; each command gets exactly one reply, so a reply the parent did not ask for
+(a candidate writing to an inherited descriptor) is a protocol violation, never data.
+
+The worker imports this module, so it imports only the standard library and pydantic. Constants both sides
+rely on live here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import struct
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+# Benchmark inputs drift: use u of an input slot adds (u % BUMP_CYCLE + 1) * BUMP_STEP to its first element,
+# in float32, so no input repeats exactly (a kernel that memoizes answers by content gains nothing).
+BUMP_CYCLE = 8
+BUMP_STEP = 1 / 64
+# Exit statuses of the worker (the init reports them).
+EXIT_PROTOCOL = 5
+EXIT_WORKER_ERROR = 6
+# A frame's JSON header may not exceed this; anything larger is garbage, not a message.
+MAX_HEADER_BYTES = 1 << 20
+_LENGTH = struct.Struct("<I")
+
+
+class ParamSpec(BaseModel):
+    """One argument of the kernel's C entry point, in ABI order."""
+
+    name: str = Field(description="Parameter name, as in the problem's PARAMS.")
+    role: Literal["in", "out", "inout", "size", "scalar"] = Field(description="How the kernel uses it.")
+    dtype: str = Field(description="Element or scalar type: float32, float64, int64, int32.")
+    shape: list[str] = Field(default_factory=list, description="Names of the dimensions, for arrays.")
+
+    @property
+    def is_array(self) -> bool:
+        return self.role in ("in", "out", "inout")
+
+
+class ArraySpec(BaseModel):
+    """One array in a message's payload, in order."""
+
+    name: str = Field(description="The parameter it belongs to.")
+    dtype: str = Field(description="numpy dtype name.")
+    dims: list[int] = Field(description="Array dimensions.")
+    nbytes: int = Field(description="Bytes it takes in the payload.")
+
+
+# -------------------------------------------------------------------------------------- parent -> child
+
+
+class WarmUp(BaseModel):
+    """Problem code to run once before the filter goes on, so its lazy imports (numpy.random...) are done."""
+
+    shape: dict[str, int] = Field(description="A small shape (the first validation shape).")
+    distribution: str = Field(description="An input distribution.")
+
+
+class Plan(BaseModel):
+    """The first command: what this worker runs and how."""
+
+    kind: Literal["plan"] = "plan"
+    entry: str = Field(description="The kernel's C entry point.")
+    params: list[ParamSpec] = Field(description="The entry point's parameters.")
+    contender: Literal["artifact", "numpy", "none"] = Field(
+        description="artifact: a library in the sandbox folder; numpy: the problem's baseline(); none: calibration."
+    )
+    library: str | None = Field(default=None, description="File name of the library, for artifact.")
+    problem_py: str | None = Field(default=None, description="File name of the problem module (inputs, baseline).")
+    shim: str | None = Field(default=None, description="File name of the fatal-signal reporter library.")
+    threads: int = Field(default=1, description="Thread budget; 1 forbids creating threads at all.")
+    drop_to: tuple[int, int] | None = Field(default=None, description="uid, gid to drop to before loading.")
+    confine: bool = Field(default=True, description="Install the seccomp filter before loading (tests may not).")
+    warm_up: WarmUp | None = Field(default=None, description="Run make_inputs and baseline once before the filter.")
+
+
+class Trial(BaseModel):
+    """Run the candidate once on the given inputs, in the shape's guarded regions; reply with them."""
+
+    kind: Literal["trial"] = "trial"
+    id: str = Field(description="Trial id, echoed.")
+    shape: dict[str, int] = Field(description="Problem sizes.")
+    scalars: dict[str, float | int] = Field(default_factory=dict, description="Scalar arguments.")
+    inputs: list[ArraySpec] = Field(description="Input arrays in the payload, in order.")
+    guard: int = Field(description="Bytes of guard before and after each region (the pattern is in the payload).")
+    poison: int = Field(default=0, description="Which output pre-fill: 0 NaN, 1 another NaN payload.")
+    reuse_regions: bool = Field(
+        default=True, description="Keep the shape's regions from the previous trial (exposes caching)."
+    )
+    payload_bytes: int = Field(description="Guard pattern, then the inputs, concatenated.")
+
+
+class PreparePools(BaseModel):
+    """Take a benchmark shape's input pool (generated once by the parent, for every contender alike) and
+    build the output pool."""
+
+    kind: Literal["prepare"] = "prepare"
+    shape: dict[str, int] = Field(description="Problem sizes.")
+    seeds: list[int] = Field(description="The seed of each input slot (Problem.make_inputs), for the evidence.")
+    arrays: list[list[ArraySpec]] = Field(description="Each slot's input arrays in the payload, in order.")
+    scalars: list[dict[str, float | int]] = Field(description="Each slot's scalar inputs.")
+    out_slots: int = Field(description="Output slots; coprime with the input slots.")
+    payload_bytes: int = Field(description="Every slot's arrays, concatenated.")
+
+
+class Go(BaseModel):
+    """Run a batch of ``calls`` consecutive calls on the prepared pools; reply Done at once."""
+
+    kind: Literal["go"] = "go"
+    nonce: int = Field(description="Random number the reply must echo.")
+    calls: int = Field(description="Calls in the batch; 0 measures the handshake alone.")
+
+
+class Fetch(BaseModel):
+    """Send the output of the call ``back`` calls before the last one (0: the last)."""
+
+    kind: Literal["fetch"] = "fetch"
+    back: int = Field(description="How far back; below the number of output slots.")
+
+
+class Calibrate(BaseModel):
+    """Measure the machine's bandwidth and peak with numpy (no candidate code)."""
+
+    kind: Literal["calibrate"] = "calibrate"
+    dram_bytes: int = Field(default=256 << 20, description="Working set of the DRAM copy.")
+    cache_bytes: int = Field(default=256 << 10, description="Working set of the cache copy.")
+    gemm_n: int = Field(default=1024, description="Size of the sgemm.")
+
+
+class Finish(BaseModel):
+    """Reply Bye and exit at once (os._exit: no exit handlers)."""
+
+    kind: Literal["finish"] = "finish"
+
+
+Command = Annotated[Plan | Trial | PreparePools | Go | Fetch | Calibrate | Finish, Field(discriminator="kind")]
+
+# -------------------------------------------------------------------------------------- child -> parent
+
+
+class Ready(BaseModel):
+    """The plan is loaded (library included) and the filter installed."""
+
+    kind: Literal["ready"] = "ready"
+    confined: bool = Field(description="True when the seccomp filter is in force.")
+    uid: int = Field(description="The worker's uid after any drop.")
+
+
+class TrialDone(BaseModel):
+    """The regions after the call: guard, data, guard for each array parameter, in ABI order."""
+
+    kind: Literal["trial_done"] = "trial_done"
+    id: str = Field(description="The trial's id.")
+    regions: list[ArraySpec] = Field(description="Regions in the payload (nbytes include both guards).")
+    call_ns: int = Field(description="The child's own timing of the call: a diagnostic, never the measurement.")
+    payload_bytes: int = Field(description="Sum of the regions' nbytes.")
+
+
+class Prepared(BaseModel):
+    """The pools are built."""
+
+    kind: Literal["prepared"] = "prepared"
+    in_slots: int = Field(description="Input slots.")
+    out_slots: int = Field(description="Output slots.")
+
+
+class Done(BaseModel):
+    """A batch finished."""
+
+    kind: Literal["done"] = "done"
+    nonce: int = Field(description="The Go's nonce.")
+    child_ns: int = Field(description="The child's own clock over the batch: a diagnostic only.")
+
+
+class Outputs(BaseModel):
+    """The outputs of one earlier timed call, and which inputs it read."""
+
+    kind: Literal["outputs"] = "outputs"
+    seed: int = Field(description="Seed of the input slot the call read.")
+    bump: int = Field(description="Drift step of that use of the slot (-1: none).")
+    arrays: list[ArraySpec] = Field(description="The output arrays in the payload.")
+    payload_bytes: int = Field(description="Sum of the arrays' nbytes.")
+
+
+class Calibration(BaseModel):
+    """The machine's measured limits, bytes or flops per second."""
+
+    kind: Literal["calibration"] = "calibration"
+    dram_bps: float = Field(description="Streaming bandwidth far above the LLC.")
+    cache_bps: float = Field(description="Bandwidth on a working set in L2.")
+    peak_flops: float = Field(description="float32 sgemm rate.")
+
+
+class Failure(BaseModel):
+    """The harness in the child failed on a command (not a candidate call)."""
+
+    kind: Literal["failure"] = "failure"
+    what: Literal["load", "memory", "harness"] = Field(description="What failed.")
+    message: str = Field(description="The error, readable.")
+
+
+class Bye(BaseModel):
+    """The worker is about to exit."""
+
+    kind: Literal["bye"] = "bye"
+
+
+Reply = Annotated[
+    Ready | TrialDone | Prepared | Done | Outputs | Calibration | Failure | Bye, Field(discriminator="kind")
+]
+_COMMANDS: TypeAdapter[Command] = TypeAdapter(Command)
+_REPLIES: TypeAdapter[Reply] = TypeAdapter(Reply)
+
+
+class ProtocolError(Exception):
+    """Bytes on a channel that are not a well-formed message of the protocol."""
+
+
+class ChannelClosed(Exception):
+    """The other end closed the pipe (it exited or died)."""
+
+
+class ChannelTimeout(Exception):
+    """No complete message within the deadline."""
+
+
+def write_message(fd: int, message: BaseModel, *payloads: bytes | memoryview) -> None:
+    """Write one framed message and its payload pieces, completely (blocking)."""
+    header = message.model_dump_json().encode()
+    for piece in (_LENGTH.pack(len(header)) + header, *payloads):
+        view = memoryview(piece).cast("B")
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+
+def _read_exactly(fd: int, count: int, deadline: float | None, into: bytearray | None = None) -> bytearray:
+    buffer = into if into is not None else bytearray(count)
+    view = memoryview(buffer)
+    got = 0
+    while got < count:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise ChannelTimeout(f"no complete message within the deadline ({got} of {count} bytes)")
+        n = os.readv(fd, [view[got:count]])
+        if n == 0:
+            raise ChannelClosed(f"the pipe closed after {got} of {count} bytes")
+        got += n
+    return buffer
+
+
+def _read_header(fd: int, deadline: float | None) -> bytes:
+    (length,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, deadline))
+    if not 0 < length <= MAX_HEADER_BYTES:
+        raise ProtocolError(f"a frame announced a {length}-byte header: not a message of the protocol")
+    return bytes(_read_exactly(fd, length, deadline))
+
+
+def read_command(fd: int) -> tuple[Command, bytearray]:
+    """The next command and its payload (the child side: blocks)."""
+    header = _read_header(fd, None)
+    try:
+        command = _COMMANDS.validate_json(header)
+    except ValidationError as error:
+        raise ProtocolError(f"not a command: {error.errors()[0]['msg']}") from None
+    size = getattr(command, "payload_bytes", 0)
+    return command, _read_exactly(fd, size, None) if size else bytearray()
+
+
+def read_reply(fd: int, deadline: float | None) -> tuple[Reply, bytearray]:
+    """The next reply and its payload (the parent side), or ProtocolError / ChannelClosed / ChannelTimeout."""
+    header = _read_header(fd, deadline)
+    try:
+        reply = _REPLIES.validate_json(header)
+    except ValidationError as error:
+        preview = json.dumps(header[:80].decode(errors="replace"))
+        raise ProtocolError(f"not a reply of the harness: {preview} ({error.errors()[0]['msg']})") from None
+    size = getattr(reply, "payload_bytes", 0)
+    if size < 0 or size > (1 << 34):
+        raise ProtocolError(f"a reply announced {size} payload bytes")
+    return reply, _read_exactly(fd, size, deadline) if size else bytearray()
+
+
+def pending(fd: int) -> bool:
+    """True when bytes wait on ``fd`` (a reply nobody asked for)."""
+    return bool(select.select([fd], [], [], 0)[0])

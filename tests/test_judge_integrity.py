@@ -1,0 +1,159 @@
+"""The judge's integrity: a candidate cannot touch its own measurements (tests/hostile/).
+
+Each hostile kernel attacks what the judge relies on -- files, descriptors, raw system calls, the memory
+next to its buffers, sampled or uninitialised inputs -- and must get a rejecting verdict, or an honest
+number. The protocol between the judge and its workers is checked on its own too.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.harness import protocol as p
+from engine.harness.benchmarking import Reference, benchmark_artifact
+from engine.harness.cpu import DEFAULT_FLAGS, compile_source
+from engine.harness.validation import validate_artifact
+from engine.harness.verdicts import Verdict
+from engine.problems import load_problem
+
+HOSTILE = Path(__file__).parent / "hostile"
+SEEDS = 1
+CALL_TIMEOUT_S = 2.0
+BUDGET_S = 0.3
+x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the hostile kernels use x86-64 inline assembly")
+
+
+def header(source: str) -> dict[str, str]:
+    fields = {}
+    for line in source.splitlines():
+        match = re.match(r"//\s*(\w[\w-]*):\s*(.+)", line)
+        if not match:
+            break
+        fields[match.group(1)] = match.group(2).strip()
+    return fields
+
+
+def hostile_source(name: str) -> str:
+    """The file with raw.h pasted in (a candidate is one source file)."""
+    raw = (HOSTILE / "raw.h").read_text()
+    return (HOSTILE / name).read_text().replace('#include "raw.h"', raw)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kf-cache")
+
+
+def compiled(source: str, cache: Path) -> str:
+    result = compile_source(load_problem("softmax"), source, DEFAULT_FLAGS, cache_dir=cache)
+    assert result.verdict == Verdict.ok, result.first_error
+    assert result.artifact_id is not None
+    return result.artifact_id
+
+
+@x86_64
+@pytest.mark.parametrize(
+    "name", sorted(f.name for f in HOSTILE.glob("*.c") if "dedicated" not in header(f.read_text()))
+)
+def test_hostile_kernel_gets_its_verdict(name: str, cache: Path) -> None:
+    source = hostile_source(name)
+    expect = header(source)
+    problem = load_problem("softmax")
+    report = validate_artifact(
+        problem, compiled(source, cache), seeds=SEEDS, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S
+    )
+    assert report.verdict == expect["expect"], report.model_dump_json(indent=1)
+    if "check" in expect:
+        assert report.cases and report.cases[0].check == expect["check"], report.cases
+    assert report.cases and report.cases[0].message
+
+
+@x86_64
+def test_refused_system_call_is_named(cache: Path) -> None:
+    report = validate_artifact(
+        load_problem("softmax"),
+        compiled(hostile_source("raw_socket.c"), cache),
+        seeds=SEEDS,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+    )
+    assert report.verdict == Verdict.forbidden
+    assert "socket" in report.message, report.message
+
+
+@x86_64
+def test_nothing_is_written_outside_the_sandbox(cache: Path) -> None:
+    marker = Path("/dev/shm/kf-owned")
+    marker.unlink(missing_ok=True)
+    validate_artifact(
+        load_problem("softmax"),
+        compiled(hostile_source("rewrite_files_on_nth_call.c"), cache),
+        seeds=SEEDS,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+    )
+    assert not marker.exists()
+
+
+@x86_64
+def test_scribbling_on_the_harness_late_gains_nothing(cache: Path) -> None:
+    problem = load_problem("softmax")
+    plain = compiled((HOSTILE / "raw.h").read_text().replace("static void softmax_rows", "void softmax"), cache)
+    scribbler = compiled(hostile_source("late_scribbler.c"), cache)
+    assert validate_artifact(problem, scribbler, seeds=SEEDS, cache_dir=cache).verdict == Verdict.ok
+    (report,) = benchmark_artifact(
+        problem,
+        scribbler,
+        [Reference(kind="artifact", artifact_id=plain, label="plain")],
+        budget_s=BUDGET_S,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+        noise_floor=0.02,
+    )
+    # Rejected (it corrupts memory the harness checks), or timed honestly: never a clear win.
+    assert report.verdict != Verdict.ok or report.ci_low < 1.05, report.model_dump_json(indent=1)
+
+
+def test_a_second_reply_nobody_asked_for_is_a_protocol_violation() -> None:
+    read, write = os.pipe()
+    try:
+        p.write_message(write, p.Done(nonce=7, child_ns=1))
+        p.write_message(write, p.Done(nonce=7, child_ns=1))
+        reply, _ = p.read_reply(read, None)
+        assert isinstance(reply, p.Done) and reply.nonce == 7
+        assert p.pending(read)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff\xff\xff\xff", b"\x05\x00\x00\x00hello", b'\x0c\x00\x00\x00{"kind":"x"}'],
+    ids=["huge", "not-json", "unknown-kind"],
+)
+def test_garbage_on_the_reply_pipe_is_refused(garbage: bytes) -> None:
+    read, write = os.pipe()
+    try:
+        os.write(write, garbage)
+        with pytest.raises(p.ProtocolError):
+            p.read_reply(read, time.monotonic() + 5)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_a_silent_worker_times_out() -> None:
+    read, write = os.pipe()
+    try:
+        with pytest.raises(p.ChannelTimeout):
+            p.read_reply(read, deadline=0.0)
+    finally:
+        os.close(read)
+        os.close(write)
