@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from engine.harness import protocol as p
 from engine.harness.benchmarking import Reference, benchmark_artifact
-from engine.harness.cpu import DEFAULT_FLAGS, compile_source
+from engine.harness.cpu import DEFAULT_FLAGS, artifact_path, compile_source
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import Verdict
 from engine.problems import load_problem
@@ -157,3 +158,19 @@ def test_a_silent_worker_times_out() -> None:
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_a_library_swapped_in_the_cache_is_screened_before_it_is_loaded(cache: Path, tmp_path: Path) -> None:
+    problem = load_problem("softmax")
+    artifact = compiled(problem.seed_source() + "\n/* to be swapped */\n", cache)
+    hostile = tmp_path / "hostile.c"
+    hostile.write_text(
+        problem.seed_source() + "\n__attribute__((constructor)) static void early(void) { __builtin_trap(); }\n"
+    )
+    # Built outside the harness (no screen, no -nostartfiles), then put where the artifact was.
+    subprocess.run(
+        ["cc", "-O2", "-shared", "-fPIC", "-o", str(artifact_path(artifact, cache)), str(hostile), "-lm"], check=True
+    )
+    report = validate_artifact(problem, artifact, seeds=SEEDS, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S)
+    assert report.verdict == Verdict.forbidden, report.model_dump_json(indent=1)
+    assert report.cases[0].check == "screen"

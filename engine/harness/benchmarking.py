@@ -31,6 +31,7 @@ whichever is larger, with a generous safety factor (engine.harness.machine).
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 import time
@@ -73,11 +74,14 @@ MAX_POOL_SLOTS = 64
 ROOFLINE_SAFETY = 8.0
 # Timed rounds after which a random recent candidate output is fetched and checked (at least the last one).
 CHECKED_TIMED_CALLS = 4
-# A batch lasts at least this many handshakes (so the handshake is under 1/200 = 0.5% of it) ...
+# A batch lasts this many handshakes (the handshake is then 0.5% of it) where the shape's budget allows
+# MIN_ROUNDS rounds of such batches, and never fewer than MIN_HANDSHAKE_MULTIPLE (1%) ...
 HANDSHAKE_MULTIPLE = 200
+MIN_HANDSHAKE_MULTIPLE = 100
 # ... and at least this long; never more calls than this.
 MIN_BATCH_NS = 1_000_000
 MAX_BATCH_CALLS = 1 << 16
+PAGE = 4096
 HANDSHAKE_PINGS = 7
 WARMUP_FRACTION = 0.1
 WARMUP_ROUNDS = 3
@@ -148,6 +152,8 @@ class _ShapeTimer:
         self.per_call_ns = [0.0] * len(contenders)
         self.handshake_ns = 0.0
         self.batch_ns: list[float] = []
+        # The shape's budget covers everything from its first handshake: warm-up, rounds and output checks.
+        self.started = time.perf_counter_ns()
 
     def _batch(self, which: int) -> float:
         contender = self.contenders[which]
@@ -158,6 +164,7 @@ class _ShapeTimer:
         return elapsed
 
     def handshake(self) -> None:
+        self.started = time.perf_counter_ns()
         pings = []
         for _ in range(HANDSHAKE_PINGS):
             for which in range(len(self.contenders)):
@@ -170,14 +177,19 @@ class _ShapeTimer:
         self.calls = [1] * len(self.contenders)
         times: list[list[float]] = [[] for _ in self.contenders]
         order = list(range(len(self.contenders)))
-        started = time.perf_counter_ns()
         rounds = 0
-        while rounds < WARMUP_ROUNDS or time.perf_counter_ns() - started < self.budget_ns * WARMUP_FRACTION:
+        while rounds < WARMUP_ROUNDS or time.perf_counter_ns() - self.started < self.budget_ns * WARMUP_FRACTION:
             self.rng.shuffle(order)
             for which in order:
                 times[which].append(self._batch(which))
             rounds += 1
-        target = max(HANDSHAKE_MULTIPLE * self.handshake_ns, MIN_BATCH_NS)
+        # As long as the budget allows MIN_ROUNDS rounds (after warm-up), up to 200 handshakes, at least 100.
+        affordable = self.budget_ns * (1 - 2 * WARMUP_FRACTION) / (MIN_ROUNDS * len(self.contenders))
+        target = max(
+            min(HANDSHAKE_MULTIPLE * self.handshake_ns, affordable),
+            MIN_HANDSHAKE_MULTIPLE * self.handshake_ns,
+            MIN_BATCH_NS,
+        )
         for which, samples in enumerate(times):
             self.per_call_ns[which] = max(float(np.median(samples[len(samples) // 2 :])) - self.handshake_ns, 1.0)
         # One batch size for every contender, from the fastest one's time: paired batches do the same work,
@@ -190,18 +202,18 @@ class _ShapeTimer:
         batch of each round (outside any timed region)."""
         samples: list[list[float]] = []
         order = list(range(len(self.contenders)))
-        started = time.perf_counter_ns()
         while True:
             row = [0.0] * len(order)
             self.rng.shuffle(order)
             for which in order:
                 elapsed = self._batch(which)
                 self.batch_ns.append(elapsed)
-                row[which] = elapsed / self.calls[which]
+                # Less the handshake (an empty batch's median): every contender's batch carries the same.
+                row[which] = max(elapsed - self.handshake_ns, 1.0) / self.calls[which]
                 if which == 0:
                     after_candidate(len(samples))
             samples.append(row)
-            spent = time.perf_counter_ns() - started
+            spent = time.perf_counter_ns() - self.started
             if len(samples) >= MAX_ROUNDS or (len(samples) >= MIN_ROUNDS and spent >= self.budget_ns):
                 return np.asarray(samples, dtype=np.float64)
 
@@ -247,6 +259,9 @@ def benchmark_artifact(
     limits = benchmark_limits(problem, shapes, pools, budget_s)
     total_weight = sum(w for _, w in shapes)
     lease = CpuLease(threads, wait_s=EXCLUSIVE_WAIT_S)
+    shared = SharedPool(
+        max(_bytes_of(problem, shape, ("in", "inout")) * n for (shape, _), (n, _, _) in zip(shapes, slots, strict=True))
+    )
     contenders: list[Contender] = []
     labels = [r.label for r in references]
     state: dict[str, Any] = {"phase": "loading", "shape": {}}
@@ -285,7 +300,8 @@ def benchmark_artifact(
                     limits=limits,
                     cache_dir=cache_dir,
                     isolation=isolation,
-                    problem_py=True,
+                    problem_py=False,  # its inputs come from this process; only numpy needs the module
+                    pool_fd=shared.reader,
                 )
             )
         except Failed as failure:
@@ -305,7 +321,8 @@ def benchmark_artifact(
                         limits=limits,
                         cache_dir=cache_dir,
                         isolation=isolation,
-                        problem_py=True,
+                        problem_py=reference.kind == "numpy",
+                        pool_fd=shared.reader,
                     )
                 )
             except Failed as failure:
@@ -317,21 +334,20 @@ def benchmark_artifact(
             n_in, n_out, _ = slots[s]
             state.update(phase="benchmark", shape=shape)
             seeds = [trial_seed(seed, "benchmark", s, distribution, i) for i in range(n_in)]
-            prepare, pool = _input_pool(problem, shape, distribution, seeds, n_out)
+            kept: dict[int, dict[str, Any]] = {}
+            prepare = _input_pool(problem, shape, distribution, seeds, n_out, shared, kept)
             for which, contender in enumerate(contenders):
                 try:
-                    reply, _ = contender.request(
-                        prepare, *pool, timeout=call_timeout_s + 60, what="taking the input pool"
-                    )
+                    reply, _ = contender.request(prepare, timeout=call_timeout_s + 60, what="taking the input pool")
                 except Failed as failure:
                     if which == 0:
                         raise
                     return failed(Verdict.harness_error, _reference_failed(references[which - 1].label, failure))
                 if isinstance(reply, p.Failure):
                     raise Failed(Verdict.harness_error, "memory", f"{contender.label}: {reply.message}")
-            del pool
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
-            rows, problem_seen = _time_shape(problem, timer, shape, distribution, n_out, call_timeout_s, rng)
+            rows, problem_seen = _time_shape(problem, timer, shape, distribution, n_out, call_timeout_s, rng, kept)
+            del kept
             if problem_seen is not None:
                 return failed(Verdict.incorrect, problem_seen)
             samples.append(rows)
@@ -342,7 +358,7 @@ def benchmark_artifact(
             state.update(phase="revalidation", shape={})
             runner = TrialRunner(problem, contenders[0], call_timeout_s)
             groups = plan_trials(problem, "revalidation", 3, seed)
-            evidence = runner.run(groups)
+            evidence = runner.run(groups, extra_checks=False)
             if evidence is not None:
                 return failed(Verdict.incorrect, evidence)
             revalidated = True
@@ -359,6 +375,7 @@ def benchmark_artifact(
     finally:
         for contender in contenders:
             contender.discard()
+        shared.close()
         lease.release()
     common |= {
         "cpus_exclusive": lease.exclusive,
@@ -382,21 +399,58 @@ def benchmark_artifact(
     )
 
 
+class SharedPool:
+    """The input pools' file: written here once per shape, read by every contender's worker through a
+    read-only descriptor (a pipe would copy hundreds of MB to each worker; a writable mapping would let the
+    candidate change what the incumbent reads)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.writer = os.memfd_create("kf-input-pool", os.MFD_CLOEXEC)
+        os.ftruncate(self.writer, max(size, 1))
+        # A read-only descriptor of the same file, for the workers (pass_fds makes it inheritable there).
+        self.reader = os.open(f"/proc/self/fd/{self.writer}", os.O_RDONLY | os.O_CLOEXEC)
+
+    def write(self, piece: memoryview, offset: int) -> None:
+        if offset + len(piece) > self.size:
+            os.ftruncate(self.writer, offset + len(piece))
+            self.size = offset + len(piece)
+        view = piece.cast("B")
+        while view:
+            written = os.pwrite(self.writer, view, offset)
+            view, offset = view[written:], offset + written
+
+    def close(self) -> None:
+        for fd in (self.writer, self.reader):
+            os.close(fd)
+
+
 def _input_pool(
-    problem: Problem, shape: dict[str, int], distribution: str, seeds: list[int], out_slots: int
-) -> tuple[p.PreparePools, list[memoryview]]:
-    """One shape's input pool, generated once here for every contender (the same inputs for all)."""
-    pieces: list[memoryview] = []
+    problem: Problem,
+    shape: dict[str, int],
+    distribution: str,
+    seeds: list[int],
+    out_slots: int,
+    shared: SharedPool,
+    kept: dict[int, dict[str, Any]],
+) -> p.PreparePools:
+    """One shape's input pool, generated once here into the shared pool file for every contender (the same
+    inputs, the same pages, for all), each array page-aligned."""
     arrays: list[list[p.ArraySpec]] = []
     scalars: list[dict[str, float | int]] = []
+    offset = 0
     for seed in seeds:
         inputs = problem.make_inputs(shape, distribution, seed)
+        kept[seed] = inputs  # for checking timed outputs without generating them again
         specs = []
         for q in problem.params:
             if q.role in ("in", "inout"):
                 array = np.ascontiguousarray(inputs[q.name], dtype=DTYPES[q.dtype])
-                pieces.append(array.reshape(-1).view(np.uint8).data)
-                specs.append(p.ArraySpec(name=q.name, dtype=q.dtype, dims=list(array.shape), nbytes=array.nbytes))
+                shared.write(array.reshape(-1).view(np.uint8).data, offset)
+                specs.append(
+                    p.ArraySpec(name=q.name, dtype=q.dtype, dims=list(array.shape), nbytes=array.nbytes, offset=offset)
+                )
+                offset += -(-array.nbytes // PAGE) * PAGE
         arrays.append(specs)
         scalars.append(
             {
@@ -405,15 +459,9 @@ def _input_pool(
                 if q.role == "scalar"
             }
         )
-    command = p.PreparePools(
-        shape=shape,
-        seeds=seeds,
-        arrays=arrays,
-        scalars=scalars,
-        out_slots=out_slots,
-        payload_bytes=sum(len(piece) for piece in pieces),
+    return p.PreparePools(
+        shape=shape, seeds=seeds, arrays=arrays, scalars=scalars, out_slots=out_slots, pool_bytes=offset
     )
-    return command, pieces
 
 
 def _time_shape(
@@ -424,27 +472,31 @@ def _time_shape(
     out_slots: int,
     call_timeout_s: float,
     rng: random.Random,
+    kept: dict[int, dict[str, Any]],
 ) -> tuple[np.ndarray, CaseEvidence | None]:
     """Handshake, warm-up and timed rounds of one shape, with the candidate's outputs checked after a few
     random rounds and after the last: per-call times by round, and the first wrong output's evidence."""
     candidate = timer.contenders[0]
     checked_rounds = _checked_rounds(rng)
-    problems: list[CaseEvidence] = []
+    fetched: list[tuple[p.Reply, bytearray]] = []
 
     def after_candidate(round_index: int) -> None:
-        if (round_index >= 0 and round_index not in checked_rounds) or problems:
+        # Only fetched here (the bytes leave the worker before more candidate code runs); judged after the
+        # rounds, so computing references does not eat into the timing budget.
+        if round_index >= 0 and round_index not in checked_rounds:
             return
         back = 0 if round_index < 0 else rng.randrange(min(timer.calls[0], out_slots))
-        reply, data = candidate.request(p.Fetch(back=back), timeout=call_timeout_s, what="fetching outputs")
-        evidence = _check_timed_output(problem, shape, distribution, reply, data)
-        if evidence is not None:
-            problems.append(evidence)
+        fetched.append(candidate.request(p.Fetch(back=back), timeout=call_timeout_s, what="fetching outputs"))
 
     timer.handshake()
     timer.warm_up()
     rows = timer.rounds(after_candidate)
     after_candidate(-1)  # the candidate's very last timed call, too
-    return rows, (problems[0] if problems else None)
+    for reply, data in fetched:
+        evidence = _check_timed_output(problem, shape, distribution, reply, data, kept)
+        if evidence is not None:
+            return rows, evidence
+    return rows, None
 
 
 def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
@@ -464,14 +516,20 @@ def _checked_rounds(rng: random.Random) -> set[int]:
 
 
 def _check_timed_output(
-    problem: Problem, shape: dict[str, int], distribution: str, reply: p.Reply, data: bytearray
+    problem: Problem,
+    shape: dict[str, int],
+    distribution: str,
+    reply: p.Reply,
+    data: bytearray,
+    kept: dict[int, dict[str, Any]],
 ) -> CaseEvidence | None:
     """The output of a timed candidate call, against the reference of the inputs it read."""
     if not isinstance(reply, p.Outputs) or reply.seed < 0:
         return CaseEvidence(
             phase="benchmark", check="timed_output", shape=shape, message="no timed candidate output came back"
         )
-    inputs = problem.make_inputs(shape, distribution, reply.seed)
+    generated = kept.get(reply.seed) or problem.make_inputs(shape, distribution, reply.seed)
+    inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
     bumped = next((q for q in problem.params if q.role != "out" and q.is_array and "float" in q.dtype), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of the first element (same float32 arithmetic; engine/harness/worker.py).

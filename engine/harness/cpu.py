@@ -19,7 +19,7 @@ inline assembly, say -- is caught by validation as a wrong answer or a crash.
 A library that links is then screened (:mod:`engine.harness.screen`): a constructor, an IFUNC, an import
 outside the allow-list (files, processes, network, clock…) or a foreign dependency makes the verdict
 ``forbidden``, recorded and cached like a compile error. The harness screens an artifact again just before
-loading it (:func:`screen_artifact`), so a tampered cache cannot slip past.
+loading it (the copy the worker loads: engine/harness/driver.py), so a tampered cache cannot slip past.
 """
 
 from __future__ import annotations

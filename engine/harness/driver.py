@@ -33,8 +33,9 @@ from pydantic import BaseModel
 
 from engine.errors import UserError
 from engine.harness import protocol as p
-from engine.harness.cpu import artifact_path, harness_shim, screen_artifact
+from engine.harness.cpu import artifact_path, harness_shim
 from engine.harness.sandbox import HARNESS_WORKER, Sandbox, SandboxLimits, SandboxOutcome, SandboxProcess
+from engine.harness.screen import screen_library
 from engine.harness.verdicts import Verdict
 from engine.problems import Problem
 
@@ -84,6 +85,7 @@ class Contender:
         cache_dir: Path | None,
         isolation: str = "auto",
         problem_py: bool = False,
+        pool_fd: int | None = None,
     ) -> None:
         self.problem = problem
         self.label = label
@@ -96,6 +98,7 @@ class Contender:
         self.baseline_threads: set[int] = set()
         self.uid: int | None = None
         self.commands = self.replies = self.fatal = -1
+        self.pool_fd = pool_fd
         self._handle: SandboxProcess | None = None
         self.sandbox = Sandbox(threads=threads, isolation=isolation, cpus=cpus)
         self.dir = self.sandbox.dir
@@ -120,6 +123,7 @@ class Contender:
                 warm_up=p.WarmUp(shape=problem.validation_shapes[0], distribution=problem.distributions[0])
                 if problem_py
                 else None,
+                pool_fd=pool_fd,
             )
             self._start()
         except Failed as failed:
@@ -141,13 +145,13 @@ class Contender:
                 f"artifact {artifact_id} is not in this machine's cache ({source}); compile the source here "
                 "first (engine.harness.cpu.compile_source)"
             )
-        screen = screen_artifact(artifact_id, cache_dir)
-        if not screen.ok:
-            first = screen.violations[0]
-            raise Failed(Verdict.forbidden, "screen", first.message)
         name = f"{self.label}.so"
         shutil.copyfile(source, self.dir / name)
         os.chmod(self.dir / name, 0o644)
+        # The copy is what gets loaded, so the copy is what gets screened: no window between the two.
+        screen = screen_library(self.dir / name)
+        if not screen.ok:
+            raise Failed(Verdict.forbidden, "screen", screen.violations[0].message)
         return name
 
     # -- process ---------------------------------------------------------------------------------------
@@ -159,7 +163,8 @@ class Contender:
         os.set_blocking(self.fatal, False)
         command = self.sandbox.worker_command(str(commands_r), str(replies_w), str(fatal_w))
         try:
-            self._handle = self.sandbox.start(command, self.limits, pass_fds=(commands_r, replies_w, fatal_w))
+            extra = (self.pool_fd,) if self.pool_fd is not None else ()
+            self._handle = self.sandbox.start(command, self.limits, pass_fds=(commands_r, replies_w, fatal_w, *extra))
         finally:
             for fd in (commands_r, replies_w, fatal_w):
                 os.close(fd)  # the child has its copies; EOF on replies now means it died
@@ -211,9 +216,30 @@ class Contender:
     def _request(
         self, command: BaseModel, *payload: bytes | memoryview, timeout: float, what: str
     ) -> tuple[p.Reply, bytearray]:
+        self.post(command, *payload, what=what)
+        return self.collect(timeout=timeout, what=what)
+
+    def post(self, command: BaseModel, *payload: bytes | memoryview, what: str = "a call") -> None:
+        """Send one command without waiting for its reply (:meth:`collect` reads it): this process can judge
+        the previous reply while the worker runs the next command."""
         self._resume()
         try:
             p.write_message(self.commands, command, *payload)
+        except BrokenPipeError:
+            failed = self._died(what)
+            failed.who = self.label
+            raise failed from None
+
+    def collect(self, *, timeout: float, what: str = "a call") -> tuple[p.Reply, bytearray]:
+        """The reply to the command posted last."""
+        try:
+            return self._collect(timeout, what)
+        except Failed as failed:
+            failed.who = self.label
+            raise
+
+    def _collect(self, timeout: float, what: str) -> tuple[p.Reply, bytearray]:
+        try:
             reply, data = p.read_reply(self.replies, time.monotonic() + timeout)
         except (BrokenPipeError, p.ChannelClosed):
             raise self._died(what) from None

@@ -53,6 +53,7 @@ class ArraySpec(BaseModel):
     dtype: str = Field(description="numpy dtype name.")
     dims: list[int] = Field(description="Array dimensions.")
     nbytes: int = Field(description="Bytes it takes in the payload.")
+    offset: int | None = Field(default=None, description="Where it starts in the shared pool file, if there.")
 
 
 # -------------------------------------------------------------------------------------- parent -> child
@@ -81,6 +82,7 @@ class Plan(BaseModel):
     drop_to: tuple[int, int] | None = Field(default=None, description="uid, gid to drop to before loading.")
     confine: bool = Field(default=True, description="Install the seccomp filter before loading (tests may not).")
     warm_up: WarmUp | None = Field(default=None, description="Run make_inputs and baseline once before the filter.")
+    pool_fd: int | None = Field(default=None, description="Read-only descriptor of the shared input-pool file.")
 
 
 class Trial(BaseModel):
@@ -101,7 +103,8 @@ class Trial(BaseModel):
 
 class PreparePools(BaseModel):
     """Take a benchmark shape's input pool (generated once by the parent, for every contender alike) and
-    build the output pool."""
+    build the output pool. The pool's bytes are in the shared pool file (Plan.pool_fd, read-only to the
+    worker: a contender cannot change what another reads), or in the payload when there is none."""
 
     kind: Literal["prepare"] = "prepare"
     shape: dict[str, int] = Field(description="Problem sizes.")
@@ -109,7 +112,8 @@ class PreparePools(BaseModel):
     arrays: list[list[ArraySpec]] = Field(description="Each slot's input arrays in the payload, in order.")
     scalars: list[dict[str, float | int]] = Field(description="Each slot's scalar inputs.")
     out_slots: int = Field(description="Output slots; coprime with the input slots.")
-    payload_bytes: int = Field(description="Every slot's arrays, concatenated.")
+    pool_bytes: int = Field(description="Every slot's arrays, concatenated, from the start of the pool file.")
+    payload_bytes: int = Field(default=0, description="The same bytes, when there is no pool file.")
 
 
 class Go(BaseModel):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,8 @@ GUARD_BYTES = 1024
 DEFAULT_CALL_TIMEOUT_S = 10.0
 # Inner elements of one input changed by the sampled-caching check.
 PERTURBED_ELEMENTS = 3
+# Judges one call's returned regions: None when it passed, else the evidence.
+Judge = Callable[[dict[str, np.ndarray]], CaseEvidence | None]
 
 
 @dataclass(frozen=True)
@@ -266,8 +268,8 @@ class TrialRunner:
         self.checker = TrialChecker(problem, self.guard)
         self.current: Trial | None = None
 
-    def send(self, trial: Trial, inputs: dict[str, Any], *, poison: int = 0) -> dict[str, np.ndarray]:
-        """Run one trial in the worker; the regions it sent back, by parameter name."""
+    def post(self, trial: Trial, inputs: dict[str, Any], *, poison: int = 0) -> None:
+        """Send one trial to the worker (its regions come back through :meth:`collect`)."""
         self.current = trial
         arrays, specs, scalars = [], [], {}
         for q in self.problem.params:
@@ -287,7 +289,11 @@ class TrialRunner:
             poison=poison,
             payload_bytes=len(self.guard) + sum(s.nbytes for s in specs),
         )
-        reply, data = self.contender.request(command, self.guard, *arrays, timeout=self.call_timeout_s)
+        self.contender.post(command, self.guard, *arrays)
+
+    def collect(self, trial: Trial) -> dict[str, np.ndarray]:
+        """The regions of the trial posted last, by parameter name."""
+        reply, data = self.contender.collect(timeout=self.call_timeout_s)
         if not isinstance(reply, p.TrialDone) or reply.id != trial.id:
             raise Failed(Verdict.forbidden, "protocol", f"a trial was answered with {reply.kind}")
         regions, offset = {}, 0
@@ -296,55 +302,104 @@ class TrialRunner:
             offset += spec.nbytes
         return regions
 
-    def run(self, groups: list[list[Trial]]) -> CaseEvidence | None:
-        """Every trial, then the extra checks on each shape's first trial; the first failure's evidence."""
-        for group in groups:
-            for trial in group:
-                inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
-                failure = self.checker.check(trial, inputs, self.send(trial, inputs))
+    def run(self, groups: list[list[Trial]], *, extra_checks: bool = True) -> CaseEvidence | None:
+        """Every trial, then (``extra_checks``) two more calls on each shape's first trial's inputs; the first
+        failure's evidence. Pipelined: the next call is sent as soon as the previous one's regions are here,
+        and those are judged while the worker runs it (they left the worker before it did)."""
+        pending: tuple[Trial, Judge] | None = None
+        for trial, inputs, poison, judge in self._steps(groups, extra_checks):
+            if pending is not None:
+                regions = self.collect(pending[0])
+                self.post(trial, inputs, poison=poison)
+                failure = pending[1](regions)
                 if failure is not None:
                     return failure
-            failure = self.extra_checks(group[0])
+            else:
+                self.post(trial, inputs, poison=poison)
+            pending = (trial, judge)
+        if pending is not None:
+            failure = pending[1](self.collect(pending[0]))
             if failure is not None:
                 return failure
         self.current = None
         return None
 
-    def extra_checks(self, trial: Trial) -> CaseEvidence | None:
-        """Two more calls in the same buffers: identical inputs (bitwise-identical outputs, unless the problem
-        declares itself nondeterministic), then a few inner elements of one input changed (the output must
-        follow)."""
-        inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
-        first = self.send(trial, inputs)
-        failure = self.checker.check(trial, inputs, first)
-        if failure is not None:
-            return failure
-        before = {name: array.copy() for name, array in self.checker.outputs(trial, first).items()}
-        again = self.send(trial, inputs, poison=1)
-        failure = self.checker.check(trial, inputs, again, "called again on the same inputs", "repeated_call")
-        if failure is not None:
-            return failure
-        if self.problem.deterministic:
-            for name, earlier in before.items():
-                later = self.checker.outputs(trial, again)[name]
-                if earlier.tobytes() != later.tobytes():
-                    diff = np.flatnonzero(earlier.view(np.uint8).reshape(-1) != later.view(np.uint8).reshape(-1))
-                    index = [int(i) for i in np.unravel_index(int(diff[0]) // earlier.dtype.itemsize, earlier.shape)]
-                    return self.checker.evidence(
-                        trial,
-                        "nondeterministic",
-                        output=name,
-                        worst_index=index,
-                        message=(
-                            f"two calls on identical inputs gave different bits in {name} (first at "
-                            f"{tuple(index)}): uninitialised reads or a race; a problem whose kernels may "
-                            "legitimately differ run to run declares DETERMINISTIC = False"
-                        ),
-                    )
-        changed = _perturbed(self.problem, trial, inputs)
-        if changed is not None:
-            perturbed, note = changed
-            return self.checker.check(trial, perturbed, self.send(trial, perturbed), note, "sampled_input")
+    def _steps(
+        self, groups: list[list[Trial]], extra_checks: bool
+    ) -> Iterator[tuple[Trial, dict[str, Any], int, Judge]]:
+        """(trial, inputs, pre-fill, judge) for every call, in order."""
+        check = self.checker.check
+        for group in groups:
+            first: dict[str, np.ndarray] = {}
+            for k, trial in enumerate(group):
+                inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
+
+                def judge(
+                    regions: dict[str, np.ndarray],
+                    trial: Trial = trial,
+                    inputs: dict[str, Any] = inputs,
+                    k: int = k,
+                    first: dict[str, np.ndarray] = first,
+                ) -> CaseEvidence | None:
+                    failure = check(trial, inputs, regions)
+                    if failure is None and k == 0:
+                        first.update({n: a.copy() for n, a in self.checker.outputs(trial, regions).items()})
+                    return failure
+
+                yield trial, inputs, 0, judge
+            if not extra_checks:
+                continue
+            trial = group[0]
+            inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
+
+            def judge_repeat(
+                regions: dict[str, np.ndarray],
+                trial: Trial = trial,
+                inputs: dict[str, Any] = inputs,
+                first: dict[str, np.ndarray] = first,
+            ) -> CaseEvidence | None:
+                failure = check(trial, inputs, regions, "called again on the same inputs", "repeated_call")
+                return failure or self._compare_bits(trial, first, regions)
+
+            # The first trial's inputs again, with another pre-fill: bitwise the same outputs as that trial.
+            yield trial, inputs, 1, judge_repeat
+            changed = _perturbed(self.problem, trial, inputs)
+            if changed is not None:
+                perturbed, note = changed
+
+                def judge_changed(
+                    regions: dict[str, np.ndarray],
+                    trial: Trial = trial,
+                    perturbed: dict[str, Any] = perturbed,
+                    note: str = note,
+                ) -> CaseEvidence | None:
+                    return check(trial, perturbed, regions, note, "sampled_input")
+
+                # A few inner elements of one input changed: the output must follow.
+                yield trial, perturbed, 0, judge_changed
+
+    def _compare_bits(
+        self, trial: Trial, before: dict[str, np.ndarray], regions: dict[str, np.ndarray]
+    ) -> CaseEvidence | None:
+        """Evidence when a repeated call's outputs differ in any bit (unless the problem is nondeterministic)."""
+        if not self.problem.deterministic:
+            return None
+        for name, earlier in before.items():
+            later = self.checker.outputs(trial, regions)[name]
+            if earlier.tobytes() != later.tobytes():
+                diff = np.flatnonzero(earlier.view(np.uint8).reshape(-1) != later.view(np.uint8).reshape(-1))
+                index = [int(i) for i in np.unravel_index(int(diff[0]) // earlier.dtype.itemsize, earlier.shape)]
+                return self.checker.evidence(
+                    trial,
+                    "nondeterministic",
+                    output=name,
+                    worst_index=index,
+                    message=(
+                        f"two calls on identical inputs gave different bits in {name} (first at "
+                        f"{tuple(index)}): uninitialised reads or a race; a problem whose kernels may "
+                        "legitimately differ run to run declares DETERMINISTIC = False"
+                    ),
+                )
         return None
 
     def where(self, check: str, message: str, phase: str) -> CaseEvidence:
