@@ -3,9 +3,10 @@
 #   docker run --rm -e KF_DATABASE_URL=... -e KF_TEMPORAL_ADDRESS=... kernel-factory worker
 FROM python:3.11-slim
 
-# A C compiler: the CPU backend compiles candidate kernels on the worker.
+# A C compiler: the CPU backend compiles candidate kernels on the worker. libseccomp2: the sandboxed worker
+# confines itself with a seccomp filter (pyseccomp loads it) before loading a candidate.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

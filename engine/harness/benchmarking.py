@@ -288,45 +288,40 @@ def benchmark_artifact(
         ]
 
     try:
-        try:
+        # Every worker starts at once (they import in parallel) while the first pool is generated here.
+        contenders.append(
+            Contender(
+                problem,
+                label="candidate",
+                kind="artifact",
+                artifact_id=artifact_id,
+                threads=threads,
+                cpus=lease.cpus,
+                limits=limits,
+                cache_dir=cache_dir,
+                isolation=isolation,
+                problem_py=False,  # its inputs come from this process; only numpy needs the module
+                pool_fd=shared.reader,
+                wait=False,
+            )
+        )
+        for j, reference in enumerate(references):
             contenders.append(
                 Contender(
                     problem,
-                    label="candidate",
-                    kind="artifact",
-                    artifact_id=artifact_id,
+                    label=f"ref{j}",
+                    kind=reference.kind,
+                    artifact_id=reference.artifact_id,
                     threads=threads,
                     cpus=lease.cpus,
                     limits=limits,
                     cache_dir=cache_dir,
                     isolation=isolation,
-                    problem_py=False,  # its inputs come from this process; only numpy needs the module
+                    problem_py=reference.kind == "numpy",
                     pool_fd=shared.reader,
+                    wait=False,
                 )
             )
-        except Failed as failure:
-            return failed(
-                failure.verdict, CaseEvidence(phase="benchmark", check=failure.check, message=failure.message)
-            )
-        for j, reference in enumerate(references):
-            try:
-                contenders.append(
-                    Contender(
-                        problem,
-                        label=f"ref{j}",
-                        kind=reference.kind,
-                        artifact_id=reference.artifact_id,
-                        threads=threads,
-                        cpus=lease.cpus,
-                        limits=limits,
-                        cache_dir=cache_dir,
-                        isolation=isolation,
-                        problem_py=reference.kind == "numpy",
-                        pool_fd=shared.reader,
-                    )
-                )
-            except Failed as failure:
-                return failed(Verdict.harness_error, _reference_failed(reference.label, failure))
         rng = random.Random(seed * 1000003 + 17)
         samples: list[np.ndarray] = []
         timed_ns = 0.0
@@ -336,15 +331,13 @@ def benchmark_artifact(
             seeds = [trial_seed(seed, "benchmark", s, distribution, i) for i in range(n_in)]
             kept: dict[int, dict[str, Any]] = {}
             prepare = _input_pool(problem, shape, distribution, seeds, n_out, shared, kept)
-            for which, contender in enumerate(contenders):
-                try:
-                    reply, _ = contender.request(prepare, timeout=call_timeout_s + 60, what="taking the input pool")
-                except Failed as failure:
-                    if which == 0:
-                        raise
-                    return failed(Verdict.harness_error, _reference_failed(references[which - 1].label, failure))
+            if s == 0:
+                for contender in contenders:
+                    contender.wait_ready()
+            for contender in contenders:
+                reply, _ = contender.request(prepare, timeout=call_timeout_s + 60, what="taking the input pool")
                 if isinstance(reply, p.Failure):
-                    raise Failed(Verdict.harness_error, "memory", f"{contender.label}: {reply.message}")
+                    raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
             rows, problem_seen = _time_shape(problem, timer, shape, distribution, n_out, call_timeout_s, rng, kept)
             del kept
@@ -365,6 +358,10 @@ def benchmark_artifact(
         for contender in contenders:
             contender.close()
     except Failed as failure:
+        if failure.who != "candidate":
+            # A reference point failed: the machine's problem (or the incumbent's), never the candidate's verdict.
+            label = labels[int(failure.who[3:])] if failure.who.startswith("ref") else failure.who
+            return failed(Verdict.harness_error, _reference_failed(label, failure))
         if runner is not None and state["phase"] == "revalidation":
             evidence = runner.where(failure.check, failure.message, "revalidation")
         else:

@@ -86,7 +86,10 @@ class Contender:
         isolation: str = "auto",
         problem_py: bool = False,
         pool_fd: int | None = None,
+        wait: bool = True,
     ) -> None:
+        """Start the worker; with ``wait`` False, return once it is started and call :meth:`wait_ready`
+        later (several workers then start in parallel)."""
         self.problem = problem
         self.label = label
         self.threads = threads
@@ -124,8 +127,11 @@ class Contender:
                 if problem_py
                 else None,
                 pool_fd=pool_fd,
+                cpus=list(cpus),
             )
-            self._start()
+            self._launch()
+            if wait:
+                self.wait_ready()
         except Failed as failed:
             failed.who = label
             self.discard()
@@ -156,7 +162,7 @@ class Contender:
 
     # -- process ---------------------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _launch(self) -> None:
         commands_r, self.commands = os.pipe()
         self.replies, replies_w = os.pipe()
         self.fatal, fatal_w = os.pipe()
@@ -164,11 +170,28 @@ class Contender:
         command = self.sandbox.worker_command(str(commands_r), str(replies_w), str(fatal_w))
         try:
             extra = (self.pool_fd,) if self.pool_fd is not None else ()
-            self._handle = self.sandbox.start(command, self.limits, pass_fds=(commands_r, replies_w, fatal_w, *extra))
+            self._handle = self.sandbox.start(
+                command, self.limits, pass_fds=(commands_r, replies_w, fatal_w, *extra), pin=False
+            )
         finally:
             for fd in (commands_r, replies_w, fatal_w):
                 os.close(fd)  # the child has its copies; EOF on replies now means it died
-        ready, _ = self.request(self.plan, timeout=START_TIMEOUT_S, what="loading")
+        self.post(self.plan, what="loading")
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has loaded its contender and confined itself."""
+        try:
+            self._wait_ready()
+        except Failed as failed:
+            failed.who = self.label
+            self.discard()
+            raise
+        except BaseException:
+            self.discard()
+            raise
+
+    def _wait_ready(self) -> None:
+        ready, _ = self.collect(timeout=START_TIMEOUT_S, what="loading")
         if isinstance(ready, p.Failure):
             raise Failed(Verdict.crash, "load", f"the library could not be loaded: {ready.message}")
         if not isinstance(ready, p.Ready):

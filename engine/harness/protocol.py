@@ -79,6 +79,7 @@ class Plan(BaseModel):
     problem_py: str | None = Field(default=None, description="File name of the problem module (inputs, baseline).")
     shim: str | None = Field(default=None, description="File name of the fatal-signal reporter library.")
     threads: int = Field(default=1, description="Thread budget; 1 forbids creating threads at all.")
+    cpus: list[int] = Field(default_factory=list, description="CPUs to pin every thread to before loading.")
     drop_to: tuple[int, int] | None = Field(default=None, description="uid, gid to drop to before loading.")
     confine: bool = Field(default=True, description="Install the seccomp filter before loading (tests may not).")
     warm_up: WarmUp | None = Field(default=None, description="Run make_inputs and baseline once before the filter.")

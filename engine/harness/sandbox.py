@@ -613,12 +613,16 @@ class Sandbox:
         *,
         pass_fds: Sequence[int] = (),
         late_drop: bool | None = None,
+        pin: bool = True,
     ) -> SandboxProcess:
         """Start ``command`` in the sandbox and return at once; :meth:`SandboxProcess.finish` collects it.
 
         ``pass_fds``: descriptors of this process the command gets under the same numbers (nothing else
         but standard input, output and error reaches it). ``late_drop``: start it the way the harness
         worker is started (see :attr:`late_drop`); None: exactly when ``command`` is :meth:`worker_command`'s.
+        ``pin`` False: the init leaves the CPU affinity alone and the command pins itself (the harness worker
+        does, to the CPUs its plan names, before any candidate code can run), so several workers can start
+        (import) in parallel before they share their CPUs.
 
         Call this from a thread that lives until the run is finished: the sandbox is killed when the thread
         that started it exits (that is how it dies with a killed supervisor)."""
@@ -655,7 +659,7 @@ class Sandbox:
             "--nproc",
             str(nproc),
             "--cpus",
-            ",".join(str(c) for c in self.cpus),
+            ",".join(str(c) for c in self.cpus) if pin else "",
         ]
         if pass_fds:
             init += ["--pass-fds", ",".join(str(fd) for fd in pass_fds)]

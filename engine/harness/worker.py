@@ -117,6 +117,11 @@ class Worker:
             shape = plan.warm_up.shape
             inputs = self.module.make_inputs(shape, plan.warm_up.distribution, numpy.random.default_rng(0))
             self.module.baseline(inputs, shape)
+        if plan.cpus:
+            # The sandbox started us unpinned (workers import in parallel); every thread is pinned now, before
+            # any candidate code runs (the filter then refuses sched_setaffinity).
+            for task in os.listdir("/proc/self/task"):
+                os.sched_setaffinity(int(task), set(plan.cpus))
         if plan.drop_to is not None:
             drop_privileges(*plan.drop_to)
         if plan.confine:
