@@ -72,7 +72,8 @@ MAX_POOL_SLOTS = 64
 # hand-tuned kernel (non-temporal stores, data still in cache) can beat; the gaming this catches (work
 # skipped on timed calls) is orders of magnitude below the bound, not a factor of two.
 ROOFLINE_SAFETY = 8.0
-# Timed rounds after which a random recent candidate output is fetched and checked (at least the last one).
+# Timed candidate outputs fetched and checked per shape: the first round's, the last call's, and random
+# recent ones after random rounds in between.
 CHECKED_TIMED_CALLS = 4
 # A batch lasts this many handshakes (the handshake is then 0.5% of it) where the shape's budget allows
 # MIN_ROUNDS rounds of such batches, and never fewer than MIN_HANDSHAKE_MULTIPLE (1%) ...
@@ -183,18 +184,16 @@ class _ShapeTimer:
             for which in order:
                 times[which].append(self._batch(which))
             rounds += 1
-        # As long as the budget allows MIN_ROUNDS rounds (after warm-up), up to 200 handshakes, at least 100.
-        affordable = self.budget_ns * (1 - 2 * WARMUP_FRACTION) / (MIN_ROUNDS * len(self.contenders))
-        target = max(
-            min(HANDSHAKE_MULTIPLE * self.handshake_ns, affordable),
-            MIN_HANDSHAKE_MULTIPLE * self.handshake_ns,
-            MIN_BATCH_NS,
-        )
         for which, samples in enumerate(times):
             self.per_call_ns[which] = max(float(np.median(samples[len(samples) // 2 :])) - self.handshake_ns, 1.0)
-        # One batch size for every contender, from the fastest one's time: paired batches do the same work,
-        # and even the fastest contender's batch is long enough for the handshake not to matter.
-        calls = max(1, min(MAX_BATCH_CALLS, math.ceil(target / min(self.per_call_ns))))
+        # One batch size for every contender, from the fastest one's time (paired batches do the same work):
+        # 200 handshakes long where the budget allows MIN_ROUNDS rounds of them (a round runs every
+        # contender's batch), never under 100 handshakes (1%) or MIN_BATCH_NS.
+        fastest, round_ns = min(self.per_call_ns), sum(self.per_call_ns)
+        ideal = math.ceil(HANDSHAKE_MULTIPLE * self.handshake_ns / fastest)
+        floor = math.ceil(max(MIN_HANDSHAKE_MULTIPLE * self.handshake_ns, MIN_BATCH_NS) / fastest)
+        affordable = int(self.budget_ns * (1 - 2 * WARMUP_FRACTION) / MIN_ROUNDS / round_ns)
+        calls = max(1, min(MAX_BATCH_CALLS, max(floor, min(ideal, affordable))))
         self.calls = [calls] * len(self.contenders)
 
     def rounds(self, after_candidate: Any) -> np.ndarray:
@@ -508,8 +507,8 @@ def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
 
 def _checked_rounds(rng: random.Random) -> set[int]:
     """Rounds after which the candidate's output is fetched: the first, and a few random early ones (every
-    shape has at least MIN_ROUNDS rounds)."""
-    return {0, *rng.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 1)}
+    shape has at least MIN_ROUNDS rounds); the very last call is fetched too."""
+    return {0, *rng.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 2)}
 
 
 def _check_timed_output(
