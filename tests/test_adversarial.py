@@ -21,6 +21,7 @@ from engine.harness.cpu import DEFAULT_FLAGS, compile_source
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import BenchmarkReport, CompileResult, ValidationReport, Verdict
 from engine.problems import Problem, load_problem
+from engine.search.spec import PromotionPolicy
 
 CORPUS = Path(__file__).parent / "adversarial"
 PLACEHOLDER = re.compile(r"\{\{[A-Z]+\}\}")
@@ -151,7 +152,10 @@ def test_stalling_through_warm_up_does_not_look_faster(cache: Path) -> None:
         Reference(kind="artifact", artifact_id=seed_artifact, label="seed"),
     )
     assert report.verdict == Verdict.ok
-    assert report.ci_low <= 1.0, f"a kernel that only stalls more came out faster: {report.message}"
+    # It is the seed plus a stall, compiled separately (code placement alone moves a kernel by a few per
+    # cent): what it must never do is clear the promotion margin against the seed.
+    margin = PromotionPolicy().margin
+    assert report.ci_low < 1 + margin, f"a kernel that only stalls more came out faster: {report.message}"
 
 
 def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:

@@ -419,7 +419,9 @@ def test_the_budget_stops_proposals_before_it_is_exceeded(softmax: Problem, serv
     # Output at $1000 per million tokens and 1000 max tokens: every call reserves exactly $1.00.
     priced = {MODEL: ModelConfig(input_usd_per_mtok=0.0, output_usd_per_mtok=1000.0)}
     settings = settings_for(server, max_tokens=1000, concurrency=2, model_configs=priced)
-    server.script(chat(reply_with(GOOD_SOFTMAX), completion_tokens=80), chat(reply_with(WRONG_SOFTMAX)))
+    # The first reply takes a while, so it is surely in flight when the second request is planned (on a busy
+    # machine a fast reply could settle at $0.08 first, and then the second would fit).
+    server.script(slow(chat(reply_with(GOOD_SOFTMAX), completion_tokens=80), 2.0), chat(reply_with(WRONG_SOFTMAX)))
 
     # Two requests of $1.00 each against $1.50: the second does not fit while the first is in flight.
     batch = LLMProposer(settings).propose_with_outcomes(softmax, context_for(softmax, count=2, llm_budget_usd=1.5))
