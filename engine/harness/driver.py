@@ -179,15 +179,12 @@ class Contender:
         self.post(self.plan, what="loading")
 
     def wait_ready(self) -> None:
-        """Wait until the worker has loaded its contender and confined itself."""
+        """Wait until the worker has loaded its contender and confined itself. On failure the caller discards
+        it (the constructor does, for ``wait`` True)."""
         try:
             self._wait_ready()
         except Failed as failed:
             failed.who = self.label
-            self.discard()
-            raise
-        except BaseException:
-            self.discard()
             raise
 
     def _wait_ready(self) -> None:

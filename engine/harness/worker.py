@@ -41,7 +41,6 @@ class Region:
         self.guard = guard
         g = len(guard)
         itemsize = np.dtype(dtype).itemsize
-        self.dims, self.dtype = dims, dtype
         self.nbytes = int(np.prod(dims, dtype=np.int64)) * itemsize
         total = g + self.nbytes + g
         self.buffer = np.empty(total + 64, dtype=np.uint8)
