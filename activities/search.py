@@ -20,14 +20,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from engine.errors import UserError
-from engine.events import NewEvent, RecordedEvent
-from engine.eventstore import EventStore
-from engine.evidence_index import recorded_evidence, recorded_payload
+from engine.evidence.events import NewEvent, RecordedEvent
+from engine.evidence.index import recorded_evidence, recorded_payload
+from engine.evidence.lessons import lessons_for
+from engine.evidence.store import EventStore
 from engine.hardware import cpu_target, hardware_fingerprint
 from engine.harness.cpu import artifact_path, compile_source
 from engine.harness.evaluation import Reference, benchmark_artifact, validate_artifact
 from engine.harness.verdicts import Verdict
-from engine.lessons import lessons_for
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.failures import recent_failures_from_events
@@ -383,7 +383,7 @@ class SearchActivities:
 
     async def _reuse(self, step: StepInput, event_id: str, kind: Literal["compile", "validation"]) -> StepOutput | None:
         """The outcome an earlier search recorded for this candidate on this target and problem definition
-        (engine/evidence_index.py), recorded again for this search with ``reused: true`` and a reference to
+        (engine/evidence/index.py), recorded again for this search with ``reused: true`` and a reference to
         the original event; None when there is nothing to reuse. Only compile and validation are reused:
         a benchmark is always repeated against the incumbent of the moment."""
         earlier = await recorded_evidence(self.store, step.search_id, step.candidate.candidate_id)

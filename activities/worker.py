@@ -17,7 +17,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.search import SearchActivities
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.hardware import cpu_target
 from engine.search.spec import control_queue, target_queue
 from engine.targets import detect_gpus

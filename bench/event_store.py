@@ -32,9 +32,9 @@ import pgserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.events import NewEvent  # after the path set-up, so it runs from a checkout
-from engine.eventstore import EventStore
-from engine.migrations import migrate
+from engine.evidence.events import NewEvent  # after the path set-up, so it runs from a checkout
+from engine.evidence.migrations import migrate
+from engine.evidence.store import EventStore
 
 PASSES = 3
 """Reads and verifies are repeated (they change nothing) and the median pass is reported."""

@@ -20,7 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.worker import build_workers
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.search.state import SearchResult
 from engine.services import temporal_binary
 from workflows.kernel_search import BEST_SPEEDUP_ATTR, GENERATION_ATTR, PROBLEM_ATTR, TARGET_ATTR

@@ -25,8 +25,8 @@ from typing import Any
 from local_stack import local_postgres, local_temporal, run_search
 from temporalio.client import Client
 
-from engine.eventstore import EventStore
-from engine.migrations import migrate
+from engine.evidence.migrations import migrate
+from engine.evidence.store import EventStore
 from engine.search.history import stream_of
 
 COPY_PROBLEM = Path(__file__).resolve().parent / "problems" / "copy"

@@ -47,10 +47,10 @@ from local_stack import local_postgres, local_temporal
 from local_stack import run_search as run_to_end
 from temporalio.client import Client
 
-from engine.eventstore import EventStore
+from engine.evidence.lessons import lessons_for
+from engine.evidence.migrations import migrate
+from engine.evidence.store import EventStore
 from engine.harness.benchmarking import Reference, benchmark_artifact
-from engine.lessons import lessons_for
-from engine.migrations import migrate
 from engine.problems import load_problem
 from engine.search.history import stream_of
 

@@ -22,8 +22,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from engine.eventstore import EventStore
-from engine.migrations import migrate
+from engine.evidence.migrations import migrate
+from engine.evidence.store import EventStore
 from engine.services import temporal_binary
 from workflows.kernel_search import BEST_SPEEDUP_ATTR, GENERATION_ATTR, PROBLEM_ATTR, TARGET_ATTR
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.events import NewEvent
-from engine.eventstore import EventStore
+from engine.evidence.events import NewEvent
+from engine.evidence.store import EventStore
 from engine.problems import load_problem
 from engine.proposers.random_template import template_candidate, template_space
 from engine.search.candidates import Candidate

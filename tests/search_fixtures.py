@@ -14,7 +14,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from activities.worker import build_workers
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.search.spec import control_queue
 from engine.search.state import SearchResult
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cli import main as kf
+from cli import main as kf
 from engine.errors import UnknownProblemError
 from engine.harness.benchmarking import Reference, benchmark_artifact, pool_slots
 from engine.harness.cpu import compile_source

@@ -23,7 +23,7 @@ from engine.errors import (
     MigrationError,
     PayloadTooLarge,
 )
-from engine.events import (
+from engine.evidence.events import (
     GENESIS_HASH,
     EventPayload,
     NewEvent,
@@ -33,7 +33,7 @@ from engine.events import (
     event_type,
     to_new_event,
 )
-from engine.eventstore import MAX_PAYLOAD_BYTES, EventStore
+from engine.evidence.store import MAX_PAYLOAD_BYTES, EventStore
 
 
 def new(event_id: str, type: str = "test.happened", **payload: Any) -> NewEvent:

@@ -11,7 +11,7 @@ import pytest
 from search_fixtures import QUICK, running_worker, start
 from temporalio.client import Client
 
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.search.history import STEP_EVENTS, stream_of
 
 pytestmark = pytest.mark.slow

@@ -8,19 +8,19 @@ from typing import Any
 import pytest
 from lessons_fixtures import TARGET, SyntheticSearch, record_random_search
 
-from engine.events import NewEvent
-from engine.eventstore import EventStore
-from engine.evidence_index import recorded_evidence
-from engine.lessons import FAMILY_MAX_WEIGHT, SUMMARY_LINES, lessons_for
-from engine.lessons_projection import (
+from engine.evidence.events import NewEvent
+from engine.evidence.index import recorded_evidence
+from engine.evidence.lessons import FAMILY_MAX_WEIGHT, SUMMARY_LINES, lessons_for
+from engine.evidence.lessons_projection import (
     PROJECTION,
     apply_events,
     catch_up_lessons,
     rebuild_lessons,
 )
-from engine.migrations import migrate
+from engine.evidence.migrations import migrate
+from engine.evidence.projections import checkpoint_of
+from engine.evidence.store import EventStore
 from engine.problems import load_problem
-from engine.projections import checkpoint_of
 from engine.search.candidates import Candidate
 
 VIEW_TABLES = {
@@ -232,7 +232,7 @@ async def test_kf_lessons_prints_summaries_and_json(
     import asyncio
     import json
 
-    from engine.cli import lessons as cli
+    from cli import lessons as cli
 
     parser = argparse.ArgumentParser(prog="kf")
     cli.register(parser.add_subparsers())

@@ -17,7 +17,7 @@ import pytest
 from scripted_llm_server import ScriptedLLMServer, chat, error, rate_limited, slow
 
 from engine.errors import ConfigurationError, UserError
-from engine.events import RecordedEvent
+from engine.evidence.events import RecordedEvent
 from engine.llm_budget import BudgetExhausted, LLMBudget
 from engine.problems import Problem, load_problem
 from engine.proposers import (

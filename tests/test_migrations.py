@@ -10,11 +10,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-import engine.cli
-from engine.cli import main
+import cli
+from cli import main
 from engine.database_url import check_database_url, mask_password
 from engine.errors import ConfigurationError, MigrationError
-from engine.migrations import MIGRATIONS_DIR, load_migrations, migrate, migration_status
+from engine.evidence.migrations import MIGRATIONS_DIR, load_migrations, migrate, migration_status
 
 ALL = [path.name for path in sorted(MIGRATIONS_DIR.glob("*.sql"))]
 
@@ -145,7 +145,7 @@ def test_kf_db_migrate_and_status(
     fresh_db_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Only the db commands: this test is about them, not about the other command groups importing.
-    monkeypatch.setattr(engine.cli, "COMMAND_MODULES", ["engine.cli.db"])
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ["cli.db"])
     monkeypatch.delenv("KF_DATABASE_URL", raising=False)
     assert main(["db", "status", "--database-url", fresh_db_url]) == 1  # pending
     assert "pending  0001_event_store.sql" in capsys.readouterr().out
@@ -164,7 +164,7 @@ def test_kf_db_migrate_and_status(
 def test_kf_db_without_a_database_says_how_to_get_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine.cli, "COMMAND_MODULES", ["engine.cli.db"])
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ["cli.db"])
     monkeypatch.delenv("KF_DATABASE_URL", raising=False)
     monkeypatch.setenv("KF_HOME", str(tmp_path / "never-started"))
     assert main(["db", "status"]) == 2

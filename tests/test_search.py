@@ -15,7 +15,7 @@ import pytest
 from search_fixtures import QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError
 
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.harness.evaluation import validate_artifact
 from engine.problems import load_problem
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of

@@ -20,7 +20,7 @@ import pytest
 from search_fixtures import QUICK, start
 from temporalio.client import Client
 
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.search.history import STEP_EVENTS, stream_of
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from search_fixtures import QUICK, running_worker, start
 from temporalio.client import Client
 from test_llm_proposer import GOOD_SOFTMAX, MODEL, WRONG_SOFTMAX, reply_with
 
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.search.history import load_search_history, stream_of
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from engine.lessons import ChangePrior, SettingEvidence
+from engine.evidence.lessons import ChangePrior, SettingEvidence
 from engine.problems import load_problem
 from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.random_template import template_candidate, template_space

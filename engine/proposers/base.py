@@ -43,7 +43,7 @@ class ProposalContext(BaseModel):
     lessons_summary: str = ""
     """The lesson summary for this problem and target (about 15 lines); empty when nothing was learned yet."""
     lessons: dict[str, Any] | None = None
-    """The structured lessons (an `engine.lessons.Lessons` dump: priors per change) the search proposer
+    """The structured lessons (an `engine.evidence.lessons.Lessons` dump: priors per change) the search proposer
     samples from; None when none were loaded."""
     llm_spent_usd: float = 0.0
     """What the search's LLM calls have cost so far."""

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engine.events import RecordedEvent
+from engine.evidence.events import RecordedEvent
 
 FailureStage = Literal["proposal", "compile", "validate", "benchmark"]
 SOURCE_LIMIT = 8000

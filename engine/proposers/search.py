@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.lessons import ChangePrior
-from engine.lessons_projection import change_of
+from engine.evidence.lessons import ChangePrior
+from engine.evidence.lessons_projection import change_of
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import template_candidate, template_space

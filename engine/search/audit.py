@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import UserError
-from engine.eventstore import EventStore
+from engine.evidence.store import EventStore
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events import RecordedEvent
-from engine.eventstore import EventStore
+from engine.evidence.events import RecordedEvent
+from engine.evidence.store import EventStore
 from engine.search.state import Incumbent
 
 STEP_EVENTS = ("candidate.compiled", "candidate.validated", "candidate.benchmarked")

@@ -94,11 +94,11 @@ def _report(paths: StatePaths, notes: list[str]) -> ServicesStatus:
 
 
 def _migrate(database_url: str, notes: list[str]) -> None:
-    # engine.migrations is written alongside this module; until it lands, `kf up` still starts servers.
-    if importlib.util.find_spec("engine.migrations") is None:
-        notes.append("Migrations: engine.migrations is not available yet; skipped")
+    # engine.evidence.migrations is written alongside this module; until it lands, `kf up` still starts servers.
+    if importlib.util.find_spec("engine.evidence.migrations") is None:
+        notes.append("Migrations: engine.evidence.migrations is not available yet; skipped")
         return
-    from engine.migrations import migrate
+    from engine.evidence.migrations import migrate
 
     applied = _run(migrate(database_url))
     notes.append(f"Migrations: applied {', '.join(applied)}" if applied else "Migrations: up to date")

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from engine.events import RECORDED_COLUMNS, RecordedEvent
+from engine.evidence.events import RECORDED_COLUMNS, RecordedEvent
 
 
 class ProjectionTransaction:

@@ -36,8 +36,8 @@ from engine.errors import (
     MigrationError,
     PayloadTooLarge,
 )
-from engine.events import GENESIS_HASH, RECORDED_COLUMNS, NewEvent, RecordedEvent
-from engine.projections import ProjectionTransaction, projection
+from engine.evidence.events import GENESIS_HASH, RECORDED_COLUMNS, NewEvent, RecordedEvent
+from engine.evidence.projections import ProjectionTransaction, projection
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 """Largest payload (and metadata) of one event, in bytes of JSON. Mirrors kf_max_payload_bytes() in
@@ -177,7 +177,7 @@ class EventStore:
             await pool.close()
             raise MigrationError(
                 "the database has no events table: apply the migrations first with `kf db migrate` "
-                "(or engine.migrations.migrate(url))"
+                "(or engine.evidence.migrations.migrate(url))"
             )
         return cls(pool, database_url)
 

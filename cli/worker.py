@@ -36,7 +36,7 @@ async def _serve(args: argparse.Namespace) -> None:
     # Temporal is reached only through activities/: engine itself stays free of it.
     from activities.temporal_client import connect
     from activities.worker import run_worker
-    from engine.eventstore import EventStore
+    from engine.evidence.store import EventStore
 
     client = await connect()
     store = await EventStore.connect(database_url())

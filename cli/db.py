@@ -9,7 +9,7 @@ from typing import Any
 
 from engine import connections
 from engine.database_url import mask_password
-from engine.migrations import MIGRATIONS_DIR, migrate, migration_status
+from engine.evidence.migrations import MIGRATIONS_DIR, migrate, migration_status
 
 
 def register(subparsers: Any) -> None:

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from engine.connections import database_url
-from engine.eventstore import EventStore
-from engine.lessons import Lessons, known_lessons, lessons_for
+from engine.evidence.lessons import Lessons, known_lessons, lessons_for
+from engine.evidence.store import EventStore
 
 
 def register(subparsers: Any) -> None:

@@ -25,7 +25,7 @@ only together). Hand-written candidates (no parameters) have no setting row.
 
 Samples are kept in the view, the most recent LESSON_SAMPLES per row, so medians are exact and a rebuild
 is identical. The same fold also keeps ``candidate_evidence``: the first compile and validation outcome of
-each candidate per target and problem definition, which engine/evidence_index.py serves for reuse.
+each candidate per target and problem definition, which engine/evidence/index.py serves for reuse.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from typing import Any
 import asyncpg
 
 from engine.errors import UserError
-from engine.events import RecordedEvent
-from engine.eventstore import EventStore
-from engine.projections import ProjectionTransaction
+from engine.evidence.events import RecordedEvent
+from engine.evidence.projections import ProjectionTransaction
+from engine.evidence.store import EventStore
 
 PROJECTION = "lessons"
 """The projection's name in projection_checkpoints."""

@@ -15,13 +15,13 @@ from engine.errors import UserError
 
 # Each module registers its subcommands. Listed once here so `kf --help` has a stable order.
 COMMAND_MODULES = [
-    "engine.cli.services",
-    "engine.cli.db",
-    "engine.cli.evaluate",
-    "engine.cli.worker",
-    "engine.cli.search",
-    "engine.cli.lessons",
-    "engine.cli.demo",
+    "cli.services",
+    "cli.db",
+    "cli.evaluate",
+    "cli.worker",
+    "cli.search",
+    "cli.lessons",
+    "cli.demo",
 ]
 
 

@@ -6,7 +6,7 @@ reuses them instead of compiling and validating again. Only the benchmark is alw
 compares against the incumbent of the moment.
 
 The index is the ``candidate_evidence`` table, kept by the lessons projection
-(engine/lessons_projection.py) from the first compile and validation outcome of each candidate per
+(engine/evidence/lessons_projection.py) from the first compile and validation outcome of each candidate per
 (target, problem fingerprint).
 """
 
@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.eventstore import EventStore
-from engine.lessons_projection import catch_up_lessons
+from engine.evidence.lessons_projection import catch_up_lessons
+from engine.evidence.store import EventStore
 from engine.search.history import stream_of
 
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from engine.database_url import check_database_url, connect
 from engine.errors import MigrationError
 
-MIGRATIONS_DIR: Path = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR: Path = Path(__file__).resolve().parents[2] / "migrations"
 """The repository's migrations folder."""
 
 MIGRATIONS_LOCK_KEY = 7171002

@@ -1,7 +1,7 @@
 """Lessons: what the evidence says about each change for one problem on one target, as people and
 proposers use it.
 
-``lessons_for(store, problem, target)`` catches the lessons projection up (engine/lessons_projection.py)
+``lessons_for(store, problem, target)`` catches the lessons projection up (engine/evidence/lessons_projection.py)
 and reads its rows for the problem's whole family on that target. Evidence on the problem itself counts
 fully; evidence on the other problems of its family counts FAMILY_WEIGHT as much, and at most
 FAMILY_MAX_WEIGHT candidates' worth per change (transfer: rmsnorm may learn from softmax through shared
@@ -28,9 +28,9 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import UserError
-from engine.eventstore import EventStore
-from engine.lessons_projection import ALL, PROJECTION, catch_up_lessons, params_of
-from engine.projections import checkpoint_of
+from engine.evidence.lessons_projection import ALL, PROJECTION, catch_up_lessons, params_of
+from engine.evidence.projections import checkpoint_of
+from engine.evidence.store import EventStore
 
 FAMILY_WEIGHT = 0.5
 """How much a candidate of another problem of the family counts, relative to one of the problem itself."""
