@@ -38,7 +38,8 @@ The common set (both stages):
 - identity: ``getpid``, ``gettid``, ``getppid``, ``getuid``, ``geteuid``, ``getgid``, ``getegid``,
   ``getrandom``;
 - signals and exit: ``rt_sigreturn``, ``rt_sigprocmask``, ``sigaltstack``, ``restart_syscall``, ``exit``,
-  ``exit_group``; ``tgkill``/``tkill`` only aimed at this process (``raise()``: the fatal-signal reporter
+  ``exit_group``; ``tgkill``/``tkill`` only aimed at this process and only with a crash's signal (SEGV, BUS, ILL,
+  FPE, ABRT, TRAP, SYS: ``raise()``; the fatal-signal reporter
   re-raises the signal it caught); ``rt_sigaction`` for every signal but ``SIGSYS`` (the interpreter
   restores its ``SIGINT`` handler when it exits; the reporter's ``SIGSYS`` handler must stay in place);
 - with ``threads > 1``: ``clone`` when its flags contain ``CLONE_THREAD`` (OpenMP's worker threads; a fork
@@ -231,12 +232,30 @@ def confine(stage: Stage, *, threads: int) -> None:
     rules.install()
 
 
+_SELF_SIGNALS: tuple[int, ...] = tuple(
+    int(s)
+    for s in (
+        signal.SIGSEGV,
+        signal.SIGBUS,
+        signal.SIGILL,
+        signal.SIGFPE,
+        signal.SIGABRT,
+        signal.SIGTRAP,
+        signal.SIGSYS,
+    )
+)
+"""What a sandboxed kernel may send itself: the signals of a crash, which ``crash`` verdicts are made of."""
+
+
 def _allow_signals(rules: _Rules, pid: int) -> None:
     ps = rules.ps
     # raise() is tgkill(getpid(), gettid(), sig); tkill's only argument is a thread id, so it may only aim at
-    # the main thread, whose id is the process's.
-    rules.allow("tgkill", ps.Arg(0, ps.MASKED_EQ, _INT, pid))
-    rules.allow("tkill", ps.Arg(0, ps.MASKED_EQ, _INT, pid))
+    # the main thread, whose id is the process's. Only the signals a crash raises (and the fatal-signal
+    # reporter re-raises) may be sent: a kernel that could SIGKILL or SIGTERM itself would look like a harness
+    # killed from outside, which is re-run and never the kernel's verdict, so it could dodge judgement.
+    for sent in _SELF_SIGNALS:
+        rules.allow("tgkill", ps.Arg(0, ps.MASKED_EQ, _INT, pid), ps.Arg(2, ps.EQ, sent))
+        rules.allow("tkill", ps.Arg(0, ps.MASKED_EQ, _INT, pid), ps.Arg(1, ps.EQ, sent))
     # Every signal but SIGSYS, one by one: each comparison takes the whole register, so a value with its
     # upper half set (which the kernel would truncate to SIGSYS) matches none of them.
     for number in range(1, _MAX_SIGNAL + 1):

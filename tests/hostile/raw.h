@@ -8,6 +8,9 @@ static inline long raw_syscall(long n, long a, long b, long c) {
 #define RAW_WRITE 1
 #define RAW_SOCKET 41
 #define RAW_FORK 57
+#define RAW_GETPID 39
+#define RAW_GETTID 186
+#define RAW_TGKILL 234
 #define RAW_OPENAT 257
 #define RAW_FTRUNCATE 77
 #define RAW_AT_FDCWD (-100)
