@@ -2,6 +2,10 @@
 
 A command's handler returns the process exit status. Errors the user can fix are raised as
 ``engine.errors.UserError`` and printed as one clear line, without a traceback.
+
+Exit status: 0 success; 1 a failure the command reports (a kernel's verdict, a failed search, a broken chain);
+2 bad input (argparse's refusals and every UserError: the message names the option or field, the value and
+what is allowed), checked before any server is contacted; 3 the machine failed, not the kernel; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # argparse refused an option (status 2, message printed) or printed --help (0)
+        return done.code if isinstance(done.code, int) else 2
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -11,8 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from cli.options import integer, problem_name
 from engine import services
 from engine.config import kf_home
+from engine.errors import UserError
+from engine.input_errors import allowed, explain
+from engine.search.spec import SearchSpec
 
 
 def register(subparsers: Any) -> None:
@@ -23,14 +29,29 @@ def register(subparsers: Any) -> None:
         "softmax search; prints its result, the audit command and the Web UI link. The services keep running "
         "afterwards (kf down stops them).",
     )
-    parser.add_argument("--problem", default="softmax")
-    parser.add_argument("--generations", type=int, default=2)
-    parser.add_argument("--candidates", type=int, default=4)
+    parser.add_argument("--problem", type=problem_name, default="softmax")
+    parser.add_argument(
+        "--generations",
+        type=integer(SearchSpec, "generations"),
+        default=2,
+        help=f"default 2 ({allowed(SearchSpec, 'generations')})",
+    )
+    parser.add_argument(
+        "--candidates",
+        type=integer(SearchSpec, "candidates_per_generation"),
+        default=4,
+        help=f"candidates per generation, default 4 ({allowed(SearchSpec, 'candidates_per_generation')})",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:  # refuse a bad value now, not after starting services and a worker for the search that would refuse it
+        SearchSpec(problem=args.problem, generations=args.generations, candidates_per_generation=args.candidates)
+    except ValidationError as error:
+        labels = {"generations": "--generations", "candidates_per_generation": "--candidates"}
+        raise UserError(f"invalid search: {explain(error, SearchSpec, labels)}") from None
     report = services.up()
     if not args.json:
         print(f"services up — Temporal {report.temporal.address}, Web UI {report.temporal.ui_url}", flush=True)

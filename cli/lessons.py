@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+from cli.options import problem_name, target
 from engine.connections import database_url
 from engine.evidence.lessons import Lessons, known_lessons, lessons_for
 from engine.evidence.store import EventStore
@@ -21,9 +22,17 @@ def register(subparsers: Any) -> None:
             "target (a problem's own evidence, plus its family's at half weight)."
         ),
     )
-    command.add_argument("--problem", default=None, help="a problem name (default: every problem with lessons)")
     command.add_argument(
-        "--target", default=None, help="a target, e.g. cpu-x86_64-avx512 or cpu for this machine (default: all)"
+        "--problem",
+        type=problem_name,
+        default=None,
+        help="a problem name (default: every problem with lessons)",
+    )
+    command.add_argument(
+        "--target",
+        type=target,
+        default=None,
+        help="a target, e.g. cpu-x86_64-avx512 or cpu for this machine (default: all)",
     )
     command.add_argument("--database-url", default=None, help="Postgres URL (default: KF_DATABASE_URL or `kf up`)")
     command.add_argument("--json", action="store_true", help='print {"lessons": [...]} with priors and rows')
