@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
         command.add_argument(
             "--database-url",
             default=None,
-            help="Postgres URL (default: KF_DATABASE_URL, else the embedded database of `kf up`)",
+            help="Postgres URL of the role that owns the event log (default: KF_DATABASE_OWNER_URL, else "
+            "KF_DATABASE_URL, else the embedded database of `kf up`)",
         )
         command.add_argument(
             "--migrations-dir", type=Path, default=MIGRATIONS_DIR, help="folder of NNNN_name.sql files"
@@ -32,8 +33,9 @@ def register(subparsers: Any) -> None:
 
 
 def _database_url(args: argparse.Namespace) -> str:
-    # --database-url, else KF_DATABASE_URL, else the embedded server `kf up` started (a clear error if none).
-    return str(args.database_url) if args.database_url else connections.database_url()
+    # Migrations create and alter the log's objects: they run as its owner. --database-url, else
+    # KF_DATABASE_OWNER_URL, else KF_DATABASE_URL, else the embedded server `kf up` started (a clear error if none).
+    return str(args.database_url) if args.database_url else connections.database_owner_url()
 
 
 def _migrate(args: argparse.Namespace) -> int:

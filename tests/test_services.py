@@ -113,6 +113,8 @@ async def test_up_status_down_up_keeps_the_data(kf: Kf) -> None:
     assert f"http://127.0.0.1:{kf.env['KF_TEMPORAL_UI_PORT']}" in started.stdout
     assert f"127.0.0.1:{kf.env['KF_TEMPORAL_PORT']}" in started.stdout
     assert "Migrations: applied" in started.stdout
+    # The embedded server has the two roles: the application's may append and read, not rewrite.
+    assert "can rewrite the event log" not in started.stdout
 
     running = kf("status")
     assert running.returncode == 0, running.stdout
@@ -122,8 +124,8 @@ async def test_up_status_down_up_keeps_the_data(kf: Kf) -> None:
     attributes = json.loads(kf.temporal("operator", "search-attribute", "list", "--output", "json").stdout)
     assert set(services.SEARCH_ATTRIBUTES) <= set(attributes["customAttributes"])
 
-    url = connections.database_url()
-    connection = await asyncpg.connect(url)
+    # The owner creates tables; the application's role (database_url) may only read and insert into them.
+    connection = await asyncpg.connect(connections.database_owner_url())
     try:
         await connection.execute("CREATE TABLE kf_test_survivors (id int PRIMARY KEY)")
         await connection.execute("INSERT INTO kf_test_survivors VALUES (1), (2), (3)")
@@ -155,6 +157,7 @@ async def test_up_status_down_up_keeps_the_data(kf: Kf) -> None:
     assert removed.returncode == 0, removed.stderr
     external = kf.env | {
         "KF_DATABASE_URL": connections.database_url(),
+        "KF_DATABASE_OWNER_URL": connections.database_owner_url(),
         "KF_TEMPORAL_ADDRESS": connections.temporal_address(),
     }
     result = subprocess.run([str(KF), "up"], env=external, capture_output=True, text=True, timeout=120)

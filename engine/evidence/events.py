@@ -1,5 +1,5 @@
-"""Domain events: what a writer appends (NewEvent), what the log gives back (RecordedEvent), and a
-registry of typed payloads.
+"""Domain events: what a writer appends (NewEvent), what the log gives back (RecordedEvent, and the
+StreamHead it leaves), and a registry of typed payloads.
 
 A payload model declares its type name once::
 
@@ -93,6 +93,30 @@ class RecordedEvent(BaseModel):
 _set_attribute = object.__setattr__  # bypasses the frozen model's __setattr__, as model_construct does
 _RECORDED_FIELD_NAMES = tuple(RecordedEvent.model_fields)
 _RECORDED_FIELDS = frozenset(_RECORDED_FIELD_NAMES)
+
+
+class StreamHead(BaseModel):
+    """Where a stream stood after an append: its newest event's version, id and hash.
+
+    The hash chain makes one head vouch for the whole stream up to it: changing, removing or re-hashing any
+    earlier event changes the hash at this version. Kept outside the database (a search's Temporal history
+    records one per step), a head is the witness that the database's owner cannot quietly rewrite."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    stream_id: str
+    """The stream."""
+    version: int
+    """Version of its newest event at the time."""
+    event_id: str
+    """That event's id."""
+    hash: str
+    """That event's hash, which covers every earlier event of the stream through prev_hash."""
+
+    @classmethod
+    def of(cls, event: RecordedEvent) -> StreamHead:
+        """The head a stream has when ``event`` is its newest event."""
+        return cls(stream_id=event.stream_id, version=event.stream_version, event_id=event.event_id, hash=event.hash)
 
 
 RECORDED_COLUMNS = ", ".join(RecordedEvent.model_fields)

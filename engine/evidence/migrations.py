@@ -110,7 +110,10 @@ def load_migrations(migrations_dir: Path = MIGRATIONS_DIR) -> list[Migration]:
 
 
 async def migrate(database_url: str, migrations_dir: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply the pending migrations of ``migrations_dir`` in order; return the names newly applied."""
+    """Apply the pending migrations of ``migrations_dir`` in order; return the names newly applied.
+
+    ``database_url`` connects as the owner role (``kf db migrate`` uses KF_DATABASE_OWNER_URL): the objects
+    it creates belong to it, and the application's role gets only the privileges the migrations grant."""
     check_database_url(database_url)
     migrations = load_migrations(migrations_dir)
     connection = await connect(database_url)
@@ -120,7 +123,10 @@ async def migrate(database_url: str, migrations_dir: Path = MIGRATIONS_DIR) -> l
         # left to do, instead of applying the same file twice.
         await connection.execute("SELECT pg_advisory_lock($1)", MIGRATIONS_LOCK_KEY)
         try:
-            await connection.execute(_CREATE_TABLE)
+            # Only when missing: CREATE ... IF NOT EXISTS still needs CREATE on the schema, which the
+            # application's role lacks, and an up-to-date database must not fail `kf up` run as that role.
+            if await connection.fetchval("SELECT to_regclass('schema_migrations') IS NULL"):
+                await connection.execute(_CREATE_TABLE)
             applied = await _applied(connection)
             pending = _pending(migrations, applied, migrations_dir)
             newly_applied: list[str] = []

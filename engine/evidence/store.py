@@ -1,8 +1,9 @@
 """The event store: append, read and verify the evidence log in Postgres (asyncpg).
 
-The guarantees live in the database (migrations/0001_event_store.sql): positions in commit order without
-gaps, contiguous stream versions, the per-stream sha-256 chain, and refusal of UPDATE/DELETE/TRUNCATE.
-This module adds what needs the caller's intent:
+The guarantees live in the database (migrations/0001_event_store.sql, 0005_log_roles_and_positions.sql):
+positions in commit order without gaps, never reused, with the highest one committed kept apart from the
+events; contiguous stream versions; the per-stream sha-256 chain; refusal of UPDATE/DELETE/TRUNCATE; and an
+application role that may only insert and select. This module adds what needs the caller's intent:
 
 - idempotency: an event id already stored with the same content (stream, type, schema version, payload)
   returns the stored event and writes nothing; the same id with other content is an IdempotencyConflict.
@@ -81,6 +82,76 @@ class BrokenLink(BaseModel):
         return f"{where}: {self.problem.replace('_', ' ')}: expected {self.expected}, stored {self.actual}"
 
 
+class EventRef(BaseModel):
+    """Which event, in the words a report names it with."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    position: int
+    """Its global position."""
+    event_id: str
+    """Its event id."""
+    stream_id: str
+    """Its stream."""
+    stream_version: int
+    """Its version in the stream."""
+
+    def __str__(self) -> str:
+        return f"event {self.event_id!r} (stream {self.stream_id!r} v{self.stream_version}, position {self.position})"
+
+
+class PositionGap(BaseModel):
+    """Committed positions that no stored event holds: events were removed from the log."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    first: int
+    """First missing position."""
+    last: int
+    """Last missing position."""
+    before: EventRef | None
+    """The stored event just before the gap; None when the gap starts at position 1."""
+    after: EventRef | None
+    """The stored event just after it; None when the gap is the log's tail (the newest events are gone)."""
+
+    def __str__(self) -> str:
+        which = f"position {self.first}" if self.first == self.last else f"positions {self.first}..{self.last}"
+        where = [f"after {self.before}" if self.before else "at the start of the log"]
+        where.append(f"before {self.after}" if self.after else "at the tail: the log's newest events are gone")
+        return f"{which} missing, {', '.join(where)}"
+
+
+class LogPositions(BaseModel):
+    """The whole log's positions, checked against the highest position ever committed (not max(position),
+    which forgets a removed tail)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    events: int
+    """Stored events."""
+    stored: int
+    """Highest stored position (0 for an empty log)."""
+    committed: int
+    """Highest position ever committed, kept by the insert trigger apart from the events (event_log_head)."""
+    issued: int
+    """Highest position the sequence issued. Above ``committed`` by the numbers of appends in flight or
+    rolled back (the next append reuses them); below it only when someone set the sequence back."""
+    gaps: list[PositionGap]
+    """Missing positions in order, the tail last (at most the first ``limit`` asked for)."""
+    gaps_total: int
+    """How many gaps there are in all."""
+
+    @property
+    def sequence_set_back(self) -> bool:
+        """True when the sequence is behind the committed head: only a hand can do that."""
+        return self.issued < self.committed
+
+    @property
+    def intact(self) -> bool:
+        """No missing position and no counter set back."""
+        return self.gaps_total == 0 and not self.sequence_set_back
+
+
 @dataclass(frozen=True)
 class _Prepared:
     """A NewEvent with its JSON encoded once: for the size check, the insert and the content comparison."""
@@ -146,9 +217,35 @@ FROM (
 WHERE hash IS DISTINCT FROM recomputed
    OR prev_hash IS DISTINCT FROM coalesce(previous_hash, '{GENESIS_HASH}')
    OR stream_version <> coalesce(previous_version, 0) + 1
-   OR ($1::text IS NULL AND position <> coalesce(previous_position, 0) + 1)
+   OR ($1::text IS NULL AND $2 AND position <> coalesce(previous_position, 0) + 1)
 ORDER BY position
 LIMIT 1
+"""
+
+_COUNTERS = """
+SELECT (SELECT count(*) FROM events) AS events,
+       (SELECT coalesce(max(position), 0) FROM events) AS stored,
+       (SELECT position FROM event_log_head) AS committed,
+       (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM events_position) AS issued
+"""
+
+_REF_COLUMNS = ("position", "event_id", "stream_id", "stream_version")
+
+# Every hole between stored positions, with the events on both sides: one pass over the primary key.
+_GAPS = f"""
+WITH gaps AS (
+    SELECT previous, position
+    FROM (SELECT position, lag(position) OVER (ORDER BY position) AS previous FROM events) AS g
+    WHERE position <> coalesce(previous, 0) + 1
+)
+SELECT coalesce(gaps.previous, 0) + 1 AS first, gaps.position - 1 AS last, count(*) OVER () AS total,
+       {", ".join(f"b.{c} AS before_{c}" for c in _REF_COLUMNS)},
+       {", ".join(f"a.{c} AS after_{c}" for c in _REF_COLUMNS)}
+FROM gaps
+JOIN events AS a ON a.position = gaps.position
+LEFT JOIN events AS b ON b.position = gaps.previous
+ORDER BY gaps.position
+LIMIT $1
 """
 
 
@@ -281,6 +378,11 @@ class EventStore:
         )
         return [RecordedEvent.from_row(row) for row in rows]
 
+    async def read_event(self, event_id: str) -> RecordedEvent | None:
+        """The event stored under ``event_id``, or None."""
+        row = await self._pool.fetchrow(f"SELECT {RECORDED_COLUMNS} FROM events WHERE event_id = $1", event_id)
+        return None if row is None else RecordedEvent.from_row(row)
+
     async def stream_version(self, stream_id: str) -> int:
         """The stream's current version; 0 for a stream with no events."""
         version: int = await self._pool.fetchval(
@@ -338,11 +440,12 @@ class EventStore:
 
     # -- integrity ---------------------------------------------------------------------------------
 
-    async def verify(self, stream_id: str | None = None) -> BrokenLink | None:
+    async def verify(self, stream_id: str | None = None, *, check_positions: bool = True) -> BrokenLink | None:
         """Recompute every hash of one stream (or of the whole log) in the database and check the chain
-        links, versions and (whole log only) positions. Returns the first broken link by position, or
-        None when the log is intact."""
-        row = await self._pool.fetchrow(_VERIFY, stream_id)
+        links, versions and (whole log only, unless ``check_positions`` is False) positions. Returns the first
+        broken link by position, or None when the log is intact. :meth:`positions` lists every missing
+        position, the removed tail included."""
+        row = await self._pool.fetchrow(_VERIFY, stream_id, check_positions)
         if row is None:
             return None
         common = {
@@ -371,6 +474,44 @@ class EventStore:
             actual=str(row["position"]),
         )
 
+    async def positions(self, limit: int = 100) -> LogPositions:
+        """Every hole in the log's positions (up to ``limit`` of them), the events around each, and a
+        missing tail: the stored events checked against the highest position ever committed.
+
+        Positions are gap-free in normal operation (migrations/0005 says how a rolled-back append's numbers
+        are reused), so every hole is a removed event."""
+        # One snapshot for the counters and the rows: an append committing between two reads would
+        # otherwise look like a missing tail.
+        async with self._pool.acquire() as connection, connection.transaction(isolation="repeatable_read"):
+            counters = await connection.fetchrow(_COUNTERS)
+            rows = await connection.fetch(_GAPS, limit)
+            newest = await connection.fetchrow(
+                f"SELECT {', '.join(_REF_COLUMNS)} FROM events WHERE position = $1", counters["stored"]
+            )
+        gaps = [
+            PositionGap(
+                first=row["first"],
+                last=row["last"],
+                before=_ref(row, "before_"),
+                after=_ref(row, "after_"),
+            )
+            for row in rows
+        ]
+        total = int(rows[0]["total"]) if rows else 0
+        committed, stored = int(counters["committed"]), int(counters["stored"])
+        if committed > stored:
+            total += 1
+            if len(gaps) < limit:
+                gaps.append(PositionGap(first=stored + 1, last=committed, before=_ref(newest, ""), after=None))
+        return LogPositions(
+            events=counters["events"],
+            stored=stored,
+            committed=committed,
+            issued=counters["issued"],
+            gaps=gaps,
+            gaps_total=total,
+        )
+
     # -- projections -------------------------------------------------------------------------------
 
     def projection(self, name: str) -> AbstractAsyncContextManager[ProjectionTransaction]:
@@ -379,6 +520,12 @@ class EventStore:
 
 
 _BULK_FIX = "store bulk content content-addressed and put its hash in the event"
+
+
+def _ref(row: asyncpg.Record | None, prefix: str) -> EventRef | None:
+    if row is None or row[f"{prefix}position"] is None:
+        return None
+    return EventRef(**{c: row[f"{prefix}{c}"] for c in _REF_COLUMNS})
 
 
 def _prepare(event: NewEvent) -> _Prepared:

@@ -1,4 +1,9 @@
-"""`kf audit`: a search's evidence as the event log holds it, with its hash chain verified."""
+"""`kf audit`: a search's evidence as the event log holds it, its hash chain verified and checked against
+the witness in its Temporal history; `kf audit --all`: every chain of the log, and its positions.
+
+The chain alone shows a change the database's application role could make (none: it may only append) or a
+careless hand; the owner of the database can re-hash a rewritten stream or cut its tail, and only the
+witness outside the database shows that (engine/search/witness.py)."""
 
 from __future__ import annotations
 
@@ -7,29 +12,37 @@ from typing import Any
 from engine.errors import UserError
 from engine.evidence.store import EventStore
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
+from engine.search.witness import Witness, WitnessFinding, check_witness
 
 
-async def audit_search(database_url: str, search_id: str) -> dict[str, Any]:
-    """Every candidate and step of a search, who wrote each outcome, and the chain's verification."""
+async def audit_search(database_url: str, search_id: str, witness: Witness | None = None) -> dict[str, Any]:
+    """Every candidate and step of a search, who wrote each outcome, the chain's verification, and the
+    comparison with ``witness`` (the heads its Temporal history recorded; None: not consulted)."""
     store = await EventStore.connect(database_url)
     try:
         history = await load_search_history(store, search_id)
-        if not history.events:
+        if not history.events and (witness is None or not witness.usable):
             raise UserError(f"no events for search {search_id!r}; `kf search list` shows the search ids")
         broken = await store.verify(stream_of(search_id))
     finally:
         await store.close()
+    findings = check_witness(history.events, witness, stream_of(search_id)) if witness and witness.usable else []
     candidates = []
     for record in history.candidates.values():
         steps = []
-        for step in STEP_EVENTS:
-            event = record.steps.get(step)
+        recorded = [(step.split(".", 1)[1], record.steps.get(step)) for step in STEP_EVENTS]
+        # A harness or infrastructure failure is listed as what it is, after the steps that did finish.
+        recorded.append(("harness_error", record.harness_error))
+        for name, event in recorded:
             if event is None:
                 continue
-            output = event.payload.get("output", {})
+            output = event.payload.get("output") or {
+                "verdict": "harness_error",
+                "summary": f"{event.payload.get('step', '?')}: {event.payload.get('error', '')}",
+            }
             steps.append(
                 {
-                    "step": step.split(".", 1)[1],
+                    "step": name,
                     "verdict": output.get("verdict"),
                     "summary": output.get("summary"),
                     "event_id": event.event_id,
@@ -64,9 +77,95 @@ async def audit_search(database_url: str, search_id: str) -> dict[str, Any]:
             {k: p.get(k) for k in ("generation", "candidate_id", "label", "ratio", "ratio_ci_low", "speedup", "reason")}
             for p in history.promotions
         ],
+        # Counted from the step outcomes, not from the finished payload: a candidate the harness failed to judge
+        # is never counted with the verdicts (older searches' summaries may count it as the verdict of its
+        # last finished step).
+        "verdict_counts": history.verdict_counts,
+        "harness_errors": len(history.harness_errors),
         "candidates": candidates,
         "chain": {"intact": broken is None, "broken": broken.model_dump(mode="json") if broken else None},
+        "witness": _witness_report(witness, findings),
+        "intact": broken is None and not findings,
     }
+
+
+def _witness_report(witness: Witness | None, findings: list[WitnessFinding]) -> dict[str, Any]:
+    if witness is None or not witness.usable:
+        if witness is None:
+            reason = "not consulted"
+        elif not witness.available:
+            reason = witness.reason
+        else:
+            reason = f"{witness.source} records no stream head (the search ran on a kf that did not record them)"
+        return {"status": "unavailable", "reason": reason, "heads": 0, "findings": []}
+    return {
+        "status": "mismatch" if findings else "intact",
+        "source": witness.source,
+        "reason": witness.reason,
+        "heads": len(witness.heads),
+        "final": witness.final.model_dump(mode="json") if witness.final else None,
+        "findings": [f.model_dump(mode="json") for f in findings],
+    }
+
+
+async def audit_log(database_url: str, gap_limit: int = 100) -> dict[str, Any]:
+    """The whole log: every stream's chain (hashes, links, versions) and the positions, against the highest
+    position ever committed, with the events around each missing one."""
+    store = await EventStore.connect(database_url)
+    try:
+        broken = await store.verify(check_positions=False)
+        positions = await store.positions(limit=gap_limit)
+    finally:
+        await store.close()
+    return {
+        "events": positions.events,
+        "committed": positions.committed,
+        "issued": positions.issued,
+        "stored": positions.stored,
+        "chain": {"intact": broken is None, "broken": broken.model_dump(mode="json") if broken else None},
+        "positions": {
+            "intact": positions.intact,
+            "sequence_set_back": positions.sequence_set_back,
+            "gaps_total": positions.gaps_total,
+            "gaps": [{**gap.model_dump(mode="json"), "text": str(gap)} for gap in positions.gaps],
+        },
+        "intact": broken is None and positions.intact,
+    }
+
+
+def format_log_audit(report: dict[str, Any]) -> str:
+    """The whole-log audit for people."""
+    lines = [f"event log: {report['events']} events, positions committed up to {report['committed']}"]
+    if report["issued"] > report["committed"]:
+        lines.append(
+            f"  positions {report['committed'] + 1}..{report['issued']} were issued to appends that rolled back "
+            "or are in flight (the next append reuses them): not a gap"
+        )
+    chain = report["chain"]
+    lines.append(
+        "hash chains: intact" if chain["intact"] else f"hash chains: BROKEN at {_broken_text(chain['broken'])}"
+    )
+    positions = report["positions"]
+    if positions["sequence_set_back"]:
+        lines.append(
+            f"positions: the sequence was SET BACK to {report['issued']}, below the committed {report['committed']}"
+        )
+    if positions["gaps_total"]:
+        lines.append(f"positions: {positions['gaps_total']} GAP(S) — events were removed:")
+        lines += [f"  - {gap['text']}" for gap in positions["gaps"]]
+        if positions["gaps_total"] > len(positions["gaps"]):
+            lines.append(f"  … and {positions['gaps_total'] - len(positions['gaps'])} more")
+    elif not positions["sequence_set_back"]:
+        lines.append(f"positions: gap-free up to {report['committed']}, the highest ever committed")
+    return "\n".join(lines)
+
+
+def _broken_text(broken: dict[str, Any]) -> str:
+    return (
+        f"event {broken['event_id']!r} (stream {broken['stream_id']!r} v{broken['stream_version']}, position "
+        f"{broken['position']}): {broken['problem'].replace('_', ' ')}: expected {broken['expected']}, stored "
+        f"{broken['actual']}"
+    )
 
 
 def format_audit(report: dict[str, Any]) -> str:
@@ -79,8 +178,33 @@ def format_audit(report: dict[str, Any]) -> str:
                 f"    {s['step']:<12} {s['verdict']:<15} #{s['position']} attempt {s['attempt']} "
                 f"activity {s['activity_id']} run {str(s['run_id'])[:8]} on {s['worker']} — {s['summary']}"
             )
+    counts = ", ".join(f"{verdict} {n}" for verdict, n in report["verdict_counts"].items()) or "none"
+    lines.append(f"verdicts: {counts}")
+    if report["harness_errors"]:
+        lines.append(
+            f"not judged: {report['harness_errors']} candidate(s) the harness or the infrastructure failed to "
+            "judge (harness_error: not a verdict on the kernel)"
+        )
     for p in report["promotions"]:
         lines.append(f"promoted g{p['generation']}: {p['label']} ({p['candidate_id'][:12]}) — {p['reason']}")
     chain = report["chain"]
-    lines.append("hash chain: intact" if chain["intact"] else f"hash chain: BROKEN at {chain['broken']}")
+    lines.append("hash chain: intact" if chain["intact"] else f"hash chain: BROKEN at {_broken_text(chain['broken'])}")
+    witness = report["witness"]
+    if witness["status"] == "unavailable":
+        lines.append(
+            f"witness: UNAVAILABLE — {witness['reason']}. Without it a stream its database owner cut short, or "
+            "rewrote and re-hashed, would still verify: the chain alone proves less"
+        )
+    elif witness["status"] == "intact":
+        end = (
+            f", and the stream ends where the search's result says (v{witness['final']['head']['version']})"
+            if witness["final"]
+            else ""
+        )
+        lines.append(f"witness: intact — the {witness['heads']} heads recorded in the {witness['source']} match{end}")
+    else:
+        lines.append(f"witness: MISMATCH with the {witness['source']}:")
+        lines += [f"  - {finding['problem']}: {finding['message']}" for finding in witness["findings"]]
+    if witness.get("reason") and witness["status"] != "unavailable":
+        lines.append(f"  note: {witness['reason']}")
     return "\n".join(lines)

@@ -50,7 +50,8 @@ def _up(paths: StatePaths) -> ServicesStatus:
     launched = temporal_server.launch(paths, notes)
     try:
         postgres_server.start(paths, notes)
-        _migrate(connections.database_url(paths.home), notes)
+        _migrate(connections.database_owner_url(paths.home), notes)
+        _check_application_role(connections.database_url(paths.home), notes)
     finally:
         if launched is not None:
             temporal_server.wait_ready(paths, launched)
@@ -102,6 +103,22 @@ def _migrate(database_url: str, notes: list[str]) -> None:
 
     applied = _run(migrate(database_url))
     notes.append(f"Migrations: applied {', '.join(applied)}" if applied else "Migrations: up to date")
+
+
+def _check_application_role(database_url: str, notes: list[str]) -> None:
+    """Note a warning when the application's URL names a role that could rewrite the event log."""
+    from engine.database_url import connect
+    from engine.evidence.roles import rewrite_privileges, rewrite_warning
+
+    async def check() -> list[str]:
+        connection = await connect(database_url)
+        try:
+            held = await rewrite_privileges(connection)
+            return [rewrite_warning(await connection.fetchval("SELECT current_user"), held)] if held else []
+        finally:
+            await connection.close()
+
+    notes.extend(f"Postgres: warning: {warning}" for warning in _run(check()))
 
 
 def _run(coroutine: Coroutine[Any, Any, list[str]]) -> list[str]:

@@ -38,7 +38,10 @@ class PostgresPidFile(BaseModel):
     pid: int
     """Process id of the postmaster (first line of ``postmaster.pid``)."""
     url: str
-    """Connection URL (a Unix socket: the embedded server listens on no TCP port)."""
+    """Connection URL of the application's role (a Unix socket: the embedded server listens on no TCP port)."""
+    owner_url: str = ""
+    """Connection URL of the role that owns the event log and runs the migrations; empty in pid files written
+    before the two roles existed (they are rewritten)."""
     socket_dir: str
     """Folder holding its Unix socket ``.s.PGSQL.5432``."""
     data_dir: str

@@ -26,13 +26,15 @@ from urllib.parse import quote, unquote, urlsplit
 from engine.config import database_url_override
 from engine.database_url import mask_password
 from engine.errors import ConfigurationError, ServiceError
+from engine.evidence.roles import APP_ROLE, CREATE_ROLES_SQL, OWNER_ROLE
 from engine.services import logs, pidfile, processes
 from engine.services.paths import StatePaths
 from engine.services.pidfile import PostgresPidFile
 from engine.services.status import ServiceState, ServiceStatus
 
 ROLE = "postgres"
-"""The superuser role initdb creates, and the database the URL names."""
+"""The superuser role initdb creates, and the database the URLs name. Only ``kf up`` connects as it, to
+create the two roles everything else connects as (engine/evidence/roles.py)."""
 SOCKET_PORT = 5432
 """Only names the socket file ``.s.PGSQL.5432``: no TCP port is opened."""
 SYSTEM_USER_WHEN_ROOT = "pgserver"
@@ -61,7 +63,7 @@ def running(paths: StatePaths, notes: list[str]) -> PostgresPidFile | None:
     pid, socket_dir = postmaster
     if _is_ours(processes.command_line(pid), paths):
         record = pidfile.load(paths.postgres_pidfile, PostgresPidFile, notes)
-        if record is None or record.pid != pid:
+        if record is None or record.pid != pid or not record.owner_url:
             record = _record(paths, pid, socket_dir)
             pidfile.save(paths.postgres_pidfile, record)
         return record
@@ -104,6 +106,8 @@ def start(paths: StatePaths, notes: list[str]) -> None:
     record = running(paths, notes)
     if record is not None:
         notes.append(f"Postgres: already running (pid {record.pid})")
+        # It may have been started by a version of kf that connected as the superuser.
+        _create_roles(record, _system_user())
         return
     paths.create()
     user = _system_user()
@@ -152,6 +156,7 @@ def start(paths: StatePaths, notes: list[str]) -> None:
     if postmaster is None:
         raise ServiceError(f"Postgres started but wrote no {data / 'postmaster.pid'}; see {log}")
     record = _record(paths, *postmaster)
+    _create_roles(record, user)
     pidfile.save(paths.postgres_pidfile, record)
     notes.append(f"Postgres: started (pid {record.pid})")
 
@@ -181,10 +186,35 @@ def stop(paths: StatePaths, notes: list[str]) -> None:
     pidfile.remove(paths.postgres_pidfile)
 
 
+def _create_roles(record: PostgresPidFile, user: str | None) -> None:
+    """Create the owner and application roles (as the superuser, over the socket); safe to repeat.
+
+    Why roles on a server only this machine's user can reach: the socket accepts whichever role a client
+    names, so they do not keep a hostile process of that user out (the witness in Temporal's history is
+    what catches a rewrite). They keep honest code honest: the workers, the CLI and anything that borrows
+    their URL can append and read, not change what was recorded, exactly as on a shared server."""
+    _pg(
+        [
+            "psql",
+            "--no-psqlrc",
+            "--quiet",
+            "--set=ON_ERROR_STOP=1",
+            f"--host={record.socket_dir}",
+            f"--port={SOCKET_PORT}",
+            f"--username={ROLE}",
+            f"--dbname={ROLE}",
+            f"--command={CREATE_ROLES_SQL}",
+        ],
+        user,
+    )
+
+
 def _record(paths: StatePaths, pid: int, socket_dir: Path) -> PostgresPidFile:
+    where = f"{ROLE}?host={quote(str(socket_dir), safe='/')}&port={SOCKET_PORT}"
     return PostgresPidFile(
         pid=pid,
-        url=f"postgresql://{ROLE}@/{ROLE}?host={quote(str(socket_dir), safe='/')}&port={SOCKET_PORT}",
+        url=f"postgresql://{APP_ROLE}@/{where}",
+        owner_url=f"postgresql://{OWNER_ROLE}@/{where}",
         socket_dir=str(socket_dir),
         data_dir=str(paths.postgres_data),
         started_at=datetime.now(UTC),
