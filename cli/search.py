@@ -11,17 +11,48 @@ import asyncio
 import json
 import os
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from engine.config import temporal_namespace
+from cli.options import integer, number, search_id, string
+from engine.config import outage_patience_s, temporal_namespace
 from engine.connections import database_url
 from engine.errors import UserError
-from engine.search.spec import SearchSpec
+from engine.input_errors import allowed, explain
+from engine.outages import FIRST_DELAY_S, MAX_DELAY_S, wait_out
+from engine.search.spec import Budget, ProposerKind, SearchSpec, check_hint
 from engine.search.state import SearchResult, SearchStatus
 
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
 UI_URL_DEFAULT = "http://127.0.0.1:8233"
+MAX_LISTED = 1000
+"""Most searches `kf search list --limit` asks Temporal for."""
+# Which option sets which SearchSpec field, so an error about a value typed on the command line names the
+# option the user typed (and the field, for a value that came from --spec).
+SPEC_OPTIONS = {
+    "target": "target",
+    "generations": "generations",
+    "candidates_per_generation": "candidates",
+    "parallelism": "parallelism",
+    "proposer.kind": "proposer",
+    "proposer.models": "model",
+    "budget.max_candidates": "max_candidates",
+    "budget.max_wall_minutes": "max_minutes",
+    "budget.max_llm_usd": "max_llm_usd",
+    "promotion.margin": "margin",
+    "promotion.confidence": "confidence",
+    "seed": "seed",
+    "benchmark_seconds": "benchmark_seconds",
+    "threads": "threads",
+    "resume_from": "resume_from",
+    "hints": "hint",
+    "task_queue_prefix": "prefix",
+}
 
 
 def register(subparsers: Any) -> None:
@@ -30,107 +61,152 @@ def register(subparsers: Any) -> None:
 
     start = verbs.add_parser("start", help="start a search", description="Start a KernelSearch workflow.")
     start.add_argument("problem", help="built-in problem name or problem folder")
-    start.add_argument("--target", default=None, help="cpu (default), cpu-<arch>-<isa>, cuda-sm<NN>")
-    start.add_argument("--generations", type=int, default=None)
-    start.add_argument("--candidates", type=int, default=None, help="candidates per generation")
-    start.add_argument("--parallelism", type=int, default=None)
-    start.add_argument("--proposer", default=None, help="random | search | llm | mixed")
-    start.add_argument("--model", action="append", default=None, help="LLM model (repeatable)")
-    start.add_argument("--max-candidates", type=int, default=None)
-    start.add_argument("--max-minutes", type=float, default=None)
-    start.add_argument("--max-llm-usd", type=float, default=None)
-    start.add_argument("--margin", type=float, default=None, help="promotion margin, e.g. 0.02")
-    start.add_argument("--seed", type=int, default=None)
-    start.add_argument("--benchmark-seconds", type=float, default=None)
-    start.add_argument("--threads", type=int, default=None)
-    start.add_argument("--resume-from", default=None, help="an earlier search id to start from")
-    start.add_argument("--hint", action="append", default=None, help="a hint for the proposers (repeatable)")
-    start.add_argument("--spec", default=None, help="a JSON SearchSpec; options given above override it")
-    start.add_argument("--id", default=None, help="the search id (default: search-<problem>-<random>)")
-    start.add_argument("--prefix", default=None, help="task queue prefix (default: kf)")
+    # Every bound below is the SearchSpec's own (engine/search/spec.py), stated here from its schema.
+    _add_spec_option(start, "--target", "target", string, "cpu (default), cpu-<arch>-<isa>, cuda-sm<NN>")
+    _add_spec_option(start, "--generations", "generations", integer, "generations after the seed kernel")
+    _add_spec_option(start, "--candidates", "candidates_per_generation", integer, "candidates per generation")
+    _add_spec_option(start, "--parallelism", "parallelism", integer, "candidates evaluated at once")
+    start.add_argument("--proposer", default=None, choices=get_args(ProposerKind), help="who proposes (default search)")
+    start.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help=f"LLM model (repeatable; {allowed(SearchSpec, 'proposer.models')})",
+    )
+    _add_spec_option(start, "--max-candidates", "budget.max_candidates", integer, "stop after this many candidates")
+    _add_spec_option(start, "--max-minutes", "budget.max_wall_minutes", number, "stop after this many minutes")
+    _add_spec_option(start, "--max-llm-usd", "budget.max_llm_usd", number, "stop LLM proposing at this spend")
+    _add_spec_option(start, "--margin", "promotion.margin", number, "promotion margin, e.g. 0.02")
+    _add_spec_option(start, "--confidence", "promotion.confidence", number, "promotion confidence, e.g. 0.95")
+    _add_spec_option(start, "--seed", "seed", integer, "seed of the proposers' randomness")
+    _add_spec_option(start, "--benchmark-seconds", "benchmark_seconds", number, "timing budget per candidate")
+    _add_spec_option(start, "--threads", "threads", integer, "cores a kernel may use")
+    _add_spec_option(start, "--resume-from", "resume_from", string, "an earlier search id to start from")
+    start.add_argument(
+        "--hint",
+        action="append",
+        default=None,
+        help=f"a hint for the proposers (repeatable; {allowed(SearchSpec, 'hints')})",
+    )
+    start.add_argument(
+        "--spec",
+        default=None,
+        help="a JSON object of SearchSpec fields (engine/search/spec.py); options given above override it",
+    )
+    start.add_argument("--id", type=search_id, default=None, help="the search id (default: search-<problem>-<random>)")
+    _add_spec_option(start, "--prefix", "task_queue_prefix", string, "task queue prefix, default kf")
     start.add_argument("--wait", action="store_true", help="follow progress until the search ends")
     start.add_argument("--json", action="store_true", help="print JSON")
     start.set_defaults(handler=run_start)
 
     listing = verbs.add_parser("list", help="list recent searches")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=int, default=50, help=f"most searches listed (default 50; 1 to {MAX_LISTED})")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(handler=run_list)
 
     show = verbs.add_parser("show", help="a search's progress and result")
-    show.add_argument("search_id")
+    show.add_argument("search_id", type=search_id)
     show.add_argument("--json", action="store_true")
+    show.add_argument("--wait", action="store_true", help="follow progress until the search ends")
     show.set_defaults(handler=run_show)
 
     for verb, text in (("pause", "stop starting new work"), ("resume", "undo pause"), ("stop", "end gracefully")):
         parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("search_id")
+        parser.add_argument("search_id", type=search_id)
         parser.add_argument("--json", action="store_true")
         parser.set_defaults(handler=run_update, update=verb)
 
     hint = verbs.add_parser("hint", help="give the proposers a hint")
-    hint.add_argument("search_id")
-    hint.add_argument("text")
+    hint.add_argument("search_id", type=search_id)
+    hint.add_argument("text", type=_hint, help=f"the hint ({allowed(SearchSpec, 'hints.0')})")
     hint.add_argument("--json", action="store_true")
     hint.set_defaults(handler=run_update, update="add_hint")
 
     extend = verbs.add_parser("extend", help="raise a running search's budget")
-    extend.add_argument("search_id")
-    extend.add_argument("--max-candidates", type=int, default=None)
-    extend.add_argument("--max-minutes", type=float, default=None)
-    extend.add_argument("--max-llm-usd", type=float, default=None)
+    extend.add_argument("search_id", type=search_id)
+    _add_spec_option(extend, "--max-candidates", "budget.max_candidates", integer, "new candidate limit")
+    _add_spec_option(extend, "--max-minutes", "budget.max_wall_minutes", number, "new wall-time limit in minutes")
+    _add_spec_option(extend, "--max-llm-usd", "budget.max_llm_usd", number, "new LLM spending limit")
     extend.add_argument("--json", action="store_true")
     extend.set_defaults(handler=run_update, update="extend_budget")
     search.set_defaults(handler=lambda args: (search.print_help(), 2)[1])
 
     audit = subparsers.add_parser(
         "audit",
-        help="the evidence chain of a search",
+        help="the evidence chain of a search (or, with --all, of the whole log)",
         description="Every candidate and step of a search from the event log, with the Temporal ids that wrote "
-        "them, and the hash chain verified. Exits 1 if the chain is broken.",
+        "them, the hash chain verified, and the stream checked against the heads its Temporal history recorded "
+        "(the witness outside the database). With --all: every stream's chain and the log's positions, against "
+        "the highest position ever committed. Exits 1 if anything was changed or removed.",
     )
-    audit.add_argument("search_id")
+    audit.add_argument("search_id", type=search_id, nargs="?", help="the search (omit with --all)")
+    audit.add_argument("--all", action="store_true", help="audit the whole log instead of one search")
     audit.add_argument("--json", action="store_true")
     audit.set_defaults(handler=run_audit)
 
 
+def _add_spec_option(
+    parser: argparse.ArgumentParser,
+    option: str,
+    path: str,
+    kind: Callable[[type[BaseModel], str], Callable[[str], Any]],
+    summary: str,
+) -> None:
+    """An option that sets the SearchSpec field at ``path``; its help states the field's bound."""
+    bound = allowed(SearchSpec, path)
+    help_text = f"{summary} ({bound})" if bound else summary
+    parser.add_argument(option, type=kind(SearchSpec, path), default=None, help=help_text)
+
+
+def _hint(text: str) -> str:
+    try:
+        return check_hint(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def spec_from_args(args: argparse.Namespace) -> SearchSpec:
-    """The SearchSpec the options describe; a bad value is a UserError naming the field."""
+    """The SearchSpec the options describe; a bad value is a UserError naming the option (or the --spec
+    field), the value and what is allowed — the same bounds a payload typed into the Temporal UI meets."""
     raw: dict[str, Any] = {}
     if args.spec:
         try:
             raw = json.loads(args.spec)
         except json.JSONDecodeError as error:
             raise UserError(f"--spec is not valid JSON ({error}); pass e.g. '{{\"generations\": 2}}'") from None
+        if not isinstance(raw, dict):
+            raise UserError(
+                f"--spec must be a JSON object of SearchSpec fields, not {type(raw).__name__} {raw!r:.80}; "
+                "pass e.g. '{\"generations\": 2}'"
+            )
     raw["problem"] = args.problem
-    options = {
-        "target": args.target,
-        "generations": args.generations,
-        "candidates_per_generation": args.candidates,
-        "parallelism": args.parallelism,
-        "seed": args.seed,
-        "benchmark_seconds": args.benchmark_seconds,
-        "threads": args.threads,
-        "resume_from": args.resume_from,
-        "task_queue_prefix": args.prefix,
-    }
-    raw |= {k: v for k, v in options.items() if v is not None}
-    if args.proposer or args.model:
-        raw["proposer"] = dict(raw.get("proposer", {})) | {
-            k: v for k, v in {"kind": args.proposer, "models": args.model}.items() if v
-        }
-    budget = {"max_candidates": args.max_candidates, "max_wall_minutes": args.max_minutes}
-    budget["max_llm_usd"] = args.max_llm_usd
-    if any(v is not None for v in budget.values()):
-        raw["budget"] = dict(raw.get("budget", {})) | {k: v for k, v in budget.items() if v is not None}
-    if args.margin is not None:
-        raw["promotion"] = dict(raw.get("promotion", {})) | {"margin": args.margin}
-    if args.hint:
-        raw["hints"] = list(raw.get("hints", [])) + args.hint
+    given = _given_options(args)
+    for path in given:
+        value = getattr(args, SPEC_OPTIONS[path])
+        *parents, name = path.split(".")
+        holder = raw
+        for parent in parents:
+            section = holder.get(parent, {})
+            if not isinstance(section, dict):
+                raise UserError(f"--spec field {parent!r} must be a JSON object, not {section!r:.80}")
+            holder[parent] = dict(section)
+            holder = holder[parent]
+        if name == "hints" and isinstance(holder.get(name), list):
+            value = holder[name] + value  # --hint adds to the spec's hints
+        holder[name] = value
     try:
         return SearchSpec.model_validate(raw)
     except ValidationError as error:
-        raise UserError(f"invalid search: {error}") from None
+        raise UserError(f"invalid search: {explain(error, SearchSpec, given)}") from None
+
+
+def _given_options(args: argparse.Namespace) -> dict[str, str]:
+    """Field path → the option that set it, for each option given on this command line."""
+    return {
+        path: f"--{attr.replace('_', '-')}"
+        for path, attr in SPEC_OPTIONS.items()
+        if getattr(args, attr, None) is not None
+    }
 
 
 def ui_url(search_id: str | None = None) -> str:
@@ -157,7 +233,7 @@ def run_start(args: argparse.Namespace) -> int:
 
 
 async def _start(spec: SearchSpec, args: argparse.Namespace) -> int:
-    from activities.search_client import search_status, start_search
+    from activities.search_client import start_search
     from activities.temporal_client import connect
 
     client = await connect()
@@ -170,31 +246,74 @@ async def _start(spec: SearchSpec, args: argparse.Namespace) -> int:
         return 0
     if not args.json:
         print(f"started {handle.id} — UI: {ui_url(handle.id)}", flush=True)
-    result_task = asyncio.ensure_future(handle.result())
+    return await follow(client, handle.id, args.json)
+
+
+async def follow(client: Client, search_id: str, as_json: bool) -> int:
+    """Print a search's progress until it ends, then its result: 0 when it ended, 1 when it failed.
+
+    The search runs in Temporal, not in this process: a frontend that restarts meanwhile is no news about the
+    search. While it is unreachable the follower says "Temporal unreachable, retrying" on stderr and tries again
+    with back-off, up to the outage patience (KF_OUTAGE_PATIENCE_S); only then does it give up (exit 1), saying
+    the search may well be running still."""
+    from activities.search_client import search_status
+    from activities.temporal_client import unreachable
+
+    handle = client.get_workflow_handle(search_id, result_type=SearchResult)
     last = ""
-    while not result_task.done():
+    outage_began: float | None = None
+    delay = FIRST_DELAY_S
+    while True:
+        # Follows continue-as-new to the last run, and asks again from the start after an outage.
+        result_task = asyncio.ensure_future(handle.result())
+        while not result_task.done():
+            try:
+                line = progress_line(await search_status(client, search_id))
+            except Exception:  # the first workflow task may not have run yet, or Temporal is restarting
+                line = last or "waiting for a worker…"
+            if not as_json and line != last:
+                _print_progress(line)
+                last = line
+            await asyncio.wait({result_task}, timeout=1.0)
         try:
-            line = progress_line(await search_status(client, handle.id))
-        except Exception:  # the first workflow task may not have run yet
-            line = "waiting for a worker…"
-        if not args.json and line != last:
-            _print_progress(line)
-            last = line
-        await asyncio.wait({result_task}, timeout=1.0)
-    if not args.json and sys.stdout.isatty():
-        print()
-    try:
-        result: SearchResult = result_task.result()
-    except Exception as error:
-        cause = getattr(error, "cause", None)
-        message = str(getattr(cause, "message", None) or cause or error)
-        if args.json:
-            print(json.dumps({"search_id": handle.id, "status": "failed", "error": message}))
-        else:
-            print(f"search {handle.id} failed: {message}", file=sys.stderr)
-        return 1
-    print(format_result(result, args.json))
-    return 0
+            result: SearchResult = result_task.result()
+        except Exception as error:
+            if unreachable(error):
+                now = time.monotonic()
+                outage_began = now if outage_began is None else outage_began
+                if now - outage_began < outage_patience_s():
+                    if sys.stdout.isatty() and not as_json:
+                        print()
+                    print(f"Temporal unreachable, retrying in {delay:g} s ({error})", file=sys.stderr, flush=True)
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, MAX_DELAY_S)
+                    continue
+                message = (
+                    f"Temporal unreachable for {now - outage_began:.0f} s ({error}); the search may still be running: "
+                    f"follow it again with `kf search show {search_id} --wait` once Temporal is back"
+                )
+            else:
+                cause = getattr(error, "cause", None)
+                message = str(getattr(cause, "message", None) or cause or error)
+            if not as_json and sys.stdout.isatty():
+                print()
+            if as_json:
+                print(json.dumps({"search_id": search_id, "status": "failed", "error": message}))
+            else:
+                print(f"search {search_id} failed: {message}", file=sys.stderr)
+            return 1
+        if not as_json and sys.stdout.isatty():
+            print()
+        print(format_result(result, as_json))
+        return 0
+
+
+async def _follow_existing(search_id: str, as_json: bool) -> int:
+    from activities.temporal_client import connect, unreachable
+
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if not as_json else None
+    client = await wait_out(connect, what="Temporal", transient=unreachable, say=say)
+    return await follow(client, search_id, as_json)
 
 
 def progress_line(status: SearchStatus) -> str:
@@ -202,7 +321,9 @@ def progress_line(status: SearchStatus) -> str:
     best = f"{status.best_speedup:.3f}x" if status.best_speedup is not None else "-"
     return (
         f"[{status.status}] generation {status.generation}/{status.generations} · "
-        f"{status.candidates_done} candidates · {verdicts} · best {best} vs numpy"
+        f"{status.candidates_done} candidates · {verdicts} · "
+        + (f"{status.harness_errors} not judged (harness_error) · " if status.harness_errors else "")
+        + f"best {best} vs numpy"
     )
 
 
@@ -229,6 +350,11 @@ def format_result(result: SearchResult, as_json: bool) -> str:
         f"  candidates evaluated: {result.candidates_done} "
         f"({', '.join(f'{k} {v}' for k, v in sorted(result.verdict_counts.items()))})",
     ]
+    if result.harness_errors:
+        lines.append(
+            f"  not judged: {result.harness_errors} (harness_error: the harness or the infrastructure failed, not "
+            "the kernel; see kf audit)"
+        )
     if inc is not None and result.best_speedup is not None:
         lines.append(
             f"  incumbent: {inc.label} ({inc.candidate_id[:12]}) — {result.best_speedup:.3f}x vs numpy "
@@ -242,6 +368,9 @@ def format_result(result: SearchResult, as_json: bool) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= MAX_LISTED:
+        raise UserError(f"--limit {args.limit}: list 1 to {MAX_LISTED} searches")
+
     async def go() -> list[dict[str, Any]]:
         from activities.search_client import list_searches
         from activities.temporal_client import connect
@@ -264,6 +393,9 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    if args.wait:
+        return asyncio.run(_follow_existing(args.search_id, args.json))
+
     async def go() -> SearchStatus:
         from activities.search_client import search_status
         from activities.temporal_client import connect
@@ -292,6 +424,12 @@ def run_update(args: argparse.Namespace) -> int:
         arg["max_llm_usd"] = args.max_llm_usd
         if all(v is None for v in arg.values()):
             raise UserError("kf search extend needs --max-candidates, --max-minutes or --max-llm-usd")
+        try:  # the workflow checks the merged budget again; out-of-range values need no server to refuse
+            Budget.model_validate({k: v for k, v in arg.items() if v is not None})
+        except ValidationError as error:
+            labels = {"max_candidates": "--max-candidates", "max_wall_minutes": "--max-minutes"}
+            labels["max_llm_usd"] = "--max-llm-usd"
+            raise UserError(f"invalid budget: {explain(error, Budget, labels)}") from None
 
     async def go() -> SearchStatus:
         from activities.search_client import send_update
@@ -305,8 +443,33 @@ def run_update(args: argparse.Namespace) -> int:
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    from engine.search.audit import audit_search, format_audit
+    from engine.search.audit import audit_log, audit_search, format_audit, format_log_audit
 
-    report = asyncio.run(audit_search(database_url(), args.search_id))
+    if args.all == (args.search_id is not None):
+        raise UserError("kf audit takes a search id, or --all for the whole log (not both)")
+    if args.all:
+        report = asyncio.run(audit_log(database_url()))
+        print(json.dumps(report) if args.json else format_log_audit(report))
+        return 0 if report["intact"] else 1
+
+    async def go() -> dict[str, Any]:
+        witness = await _witness(args.search_id)
+        return await audit_search(database_url(), args.search_id, witness)
+
+    report = asyncio.run(go())
     print(json.dumps(report) if args.json else format_audit(report))
-    return 0 if report["chain"]["intact"] else 1
+    return 0 if report["intact"] else 1
+
+
+async def _witness(search_id: str) -> Any:
+    """The search's witness from its Temporal history; unavailable (not an error) when Temporal is not
+    configured or does not answer: the audit of the log itself still runs, and says what it could not check."""
+    from activities.temporal_client import connect
+    from activities.witness import witness_of
+    from engine.search.witness import Witness
+
+    try:
+        client = await connect()
+    except UserError as error:
+        return Witness(search_id=search_id, available=False, reason=f"Temporal is not reachable: {error}")
+    return await witness_of(client, search_id)

@@ -3,11 +3,17 @@
 Everything is read from the environment at call time, so tests can point a process at their own servers:
 
 - ``KF_HOME``: the state folder of the embedded default (default ``.kf`` in the working directory).
-- ``KF_DATABASE_URL``: a Postgres URL; when set, the embedded Postgres is not used.
+- ``KF_DATABASE_URL``: a Postgres URL; when set, the embedded Postgres is not used. It names the role the
+  application connects as, which may only append to and read the event log (``kf_app``).
+- ``KF_DATABASE_OWNER_URL``: the same database as the role that owns the log and runs the migrations
+  (``kf_owner``); needed only by ``kf up`` and ``kf db``. Unset, the migrations use ``KF_DATABASE_URL``.
 - ``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; when set, no embedded dev server is used.
 - ``KF_TEMPORAL_NAMESPACE``: the Temporal namespace (default ``default``).
 - ``KF_MACHINE_DIR``: where this machine's measured figures (bandwidth, peak, noise floor) are kept
   (default ``machine/`` in the cache folder); a test session points every cache at one, so it measures once.
+- ``KF_OUTAGE_PATIENCE_S``: how long a step (and the CLI following a search) waits out an unreachable
+  Postgres or Temporal before it fails as an infrastructure failure (default 600: time for an operator to
+  notice and restart a server).
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.errors import ConfigurationError
+
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_TEMPORAL_UI_PORT = 8233
+DEFAULT_OUTAGE_PATIENCE_S = 600.0
 
 
 def kf_home() -> Path:
@@ -27,6 +36,11 @@ def kf_home() -> Path:
 def database_url_override() -> str | None:
     """The Postgres URL the user asked for, or None to use the embedded server."""
     return os.environ.get("KF_DATABASE_URL") or None
+
+
+def database_owner_url_override() -> str | None:
+    """The Postgres URL of the log's owner role the user asked for, or None (see ``KF_DATABASE_OWNER_URL``)."""
+    return os.environ.get("KF_DATABASE_OWNER_URL") or None
 
 
 def temporal_address_override() -> str | None:
@@ -50,3 +64,20 @@ def machine_dir(cache: Path | None = None) -> Path:
     if override:
         return Path(override).resolve()
     return (cache or cache_dir()) / "machine"
+
+
+def outage_patience_s() -> float:
+    """Seconds an unreachable Postgres or Temporal is waited out before the step fails (``KF_OUTAGE_PATIENCE_S``)."""
+    raw = os.environ.get("KF_OUTAGE_PATIENCE_S", "").strip()
+    if not raw:
+        return DEFAULT_OUTAGE_PATIENCE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ConfigurationError(
+            f"KF_OUTAGE_PATIENCE_S={raw!r} is not a number of seconds >= 0; unset it for the default "
+            f"({DEFAULT_OUTAGE_PATIENCE_S:g}) or set e.g. KF_OUTAGE_PATIENCE_S=900"
+        )
+    return value

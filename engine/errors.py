@@ -6,11 +6,15 @@ KernelFactoryError            anything raised on purpose by this package
 │   ├── ServiceError          an embedded server (kf up) that failed to start or stop; shows its log
 │   ├── UnknownProblemError   a --problem that is neither built in nor a problem folder
 │   └── MigrationError        a missing, edited or failing migration
-└── EventStoreError           the event log refused an operation
-    ├── ConcurrencyError      a writer's expected stream version was not the stream's version
-    ├── IdempotencyConflict   an event id was reused with different content
-    ├── PayloadTooLarge       an event's payload exceeds the documented limit (also a UserError)
-    └── InvalidEvent          an event the log cannot store as given (also a UserError)
+├── InfrastructureError       a server (Postgres, Temporal) stayed unreachable past the outage patience
+├── EventStoreError           the event log refused an operation
+│   ├── ConcurrencyError      a writer's expected stream version was not the stream's version
+│   ├── IdempotencyConflict   an event id was reused with different content
+│   ├── PayloadTooLarge       an event's payload exceeds the documented limit (also a UserError)
+│   └── InvalidEvent          an event the log cannot store as given (also a UserError)
+└── ArtifactStoreError        the shared artifact store refused an operation
+    ├── ArtifactCorrupt       stored bytes no longer hash to the digest stored with them
+    └── ArtifactConflict      an artifact id already stored as another kind of artifact
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ class UnknownProblemError(UserError):
 
 class MigrationError(UserError):
     """A migration that is missing, was edited after it was applied, or failed."""
+
+
+class InfrastructureError(KernelFactoryError):
+    """A server the kernel has nothing to do with (Postgres, Temporal) stayed unreachable for longer than the
+    outage patience (``KF_OUTAGE_PATIENCE_S``): an infrastructure failure, never a kernel's verdict."""
 
 
 class EventStoreError(KernelFactoryError):
@@ -68,3 +77,16 @@ class PayloadTooLarge(EventStoreError, UserError):
 
 class InvalidEvent(EventStoreError, UserError):
     """An event the log cannot store as given: a duplicate id within one batch, a payload that is not JSON."""
+
+
+class ArtifactStoreError(KernelFactoryError):
+    """The shared artifact store (engine/evidence/artifacts.py) refused an operation."""
+
+
+class ArtifactCorrupt(ArtifactStoreError):
+    """An artifact whose stored bytes no longer hash to the digest stored with them: the store's fault, never
+    the kernel's; fetch it again, or build it again under its id elsewhere."""
+
+
+class ArtifactConflict(ArtifactStoreError):
+    """An artifact id put again as another kind: an id names one build, so one kind."""

@@ -7,7 +7,8 @@ compares against the incumbent of the moment.
 
 The index is the ``candidate_evidence`` table, kept by the lessons projection
 (engine/evidence/lessons_projection.py) from the first compile and validation outcome of each candidate per
-(target, problem fingerprint).
+(target, problem fingerprint). Only a kernel's verdicts are evidence: an infrastructure failure (``harness_error``)
+is never indexed, and one a view built before that rule still holds is never served.
 """
 
 from __future__ import annotations
@@ -94,7 +95,14 @@ async def recorded_evidence(
         stream_of(search_id),
         candidate_id,
     )
-    return None if row is None else RecordedEvidence(**dict(row))
+    if row is None:
+        return None
+    fields = dict(row)
+    for step in ("compile", "validation"):
+        if fields[f"{step}_verdict"] == "harness_error":
+            # Folded before the projection skipped infrastructure failures: no fact about the kernel.
+            fields[f"{step}_verdict"] = fields[f"{step}_event_id"] = fields[f"{step}_position"] = None
+    return RecordedEvidence(**fields)
 
 
 async def recorded_payload(store: EventStore, event_id: str) -> dict[str, Any] | None:

@@ -18,6 +18,10 @@ What it keeps, per (problem family, problem, target, change), where a change is 
   lessons_for centres these per problem, which makes them comparable across a family.
 - failure patterns: compile error categories, failing validation checks and shapes, benchmark verdicts.
 
+Only a kernel's verdicts are folded. An outcome that is an infrastructure failure -- ``harness_error``, or a
+``crash`` from a signal sent from outside (engine/outages.py; older logs hold such outcomes) -- is no fact about
+the kernel: it counts nowhere and is never indexed for reuse, so a later outcome of the candidate is.
+
 And per (problem family, problem, target, template setting), in ``lesson_settings``: the setting's
 parameter values and ln(speedup over numpy) of each of its benchmarks with verdict ok. Per-change rows
 only show marginal effects; these let the search proposer fit a model with interactions (values that pay
@@ -41,6 +45,7 @@ from engine.errors import UserError
 from engine.evidence.events import RecordedEvent
 from engine.evidence.projections import ProjectionTransaction
 from engine.evidence.store import EventStore
+from engine.outages import is_kernel_outcome
 
 PROJECTION = "lessons"
 """The projection's name in projection_checkpoints."""
@@ -257,6 +262,8 @@ class _Fold:
         output = event.payload.get("output") or {}
         body = event.payload.get("evidence") or {}
         verdict = str(output.get("verdict", ""))
+        if not _kernel_outcome(verdict, body):
+            return
         evidence.compile_verdict = verdict
         evidence.artifact_id = output.get("artifact_id")
         evidence.compile_summary = str(output.get("summary", ""))
@@ -283,6 +290,8 @@ class _Fold:
         output = event.payload.get("output") or {}
         body = event.payload.get("evidence") or {}
         verdict = str(output.get("verdict", ""))
+        if not _kernel_outcome(verdict, body):
+            return
         evidence.validation_verdict = verdict
         evidence.validated_artifact_id = output.get("artifact_id")
         evidence.validation_summary = str(output.get("summary", ""))
@@ -305,6 +314,8 @@ class _Fold:
         search, candidate_id, changes, _ = where
         output = event.payload.get("output") or {}
         verdict = str(output.get("verdict", ""))
+        if not _kernel_outcome(verdict, event.payload.get("evidence") or {}):
+            return
         await self.load_problem(search)
         if verdict != "ok":
             body = event.payload.get("evidence") or {}
@@ -588,6 +599,12 @@ def _family_of(problem: str) -> str:
         return load_problem(problem).family
     except UserError:
         return problem
+
+
+def _kernel_outcome(verdict: str, body: dict[str, Any]) -> bool:
+    """True when a step outcome is the kernel's verdict (see engine/outages.py), judged from its evidence."""
+    signal = body.get("signal")
+    return is_kernel_outcome(verdict, signal if isinstance(signal, int) and not isinstance(signal, bool) else None)
 
 
 def _positive(value: Any) -> float | None:

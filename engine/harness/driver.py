@@ -37,6 +37,7 @@ from engine.harness.cpu import artifact_path, harness_shim
 from engine.harness.sandbox import HARNESS_WORKER, Sandbox, SandboxLimits, SandboxOutcome, SandboxProcess
 from engine.harness.screen import screen_library
 from engine.harness.verdicts import Verdict
+from engine.outages import KERNEL_SIGNALS
 from engine.problems import Problem
 
 # A fatal signal with the address space within this fraction of its limit is an allocation that failed:
@@ -436,12 +437,20 @@ class Contender:
                     f"{limits.address_space_bytes >> 20} MiB limit: an allocation failed",
                     signum,
                 )
-            if signum == signal.SIGKILL:
+            cpu_seconds = outcome.status.get("cpu_seconds")
+            if signum == signal.SIGKILL and isinstance(cpu_seconds, int | float) and cpu_seconds >= limits.cpu_seconds:
+                # The hard CPU-time limit: the candidate ignored SIGXCPU (it may set signal handlers) and ran on.
+                return Failed(Verdict.timeout, "timeout", f"CPU-time limit of {limits.cpu_seconds}s reached", signum)
+            if signum not in KERNEL_SIGNALS:
+                # Not a fault, trap, abort or limit of the candidate's own: the OOM killer, an operator or a
+                # shutdown killed the sandbox from outside (or the candidate signalled itself; the two cannot be
+                # told apart). Nothing the kernel can be shown to have caused: the caller runs it again in a fresh
+                # sandbox (activities/search.py) and never records this as the kernel's verdict.
                 return Failed(
                     Verdict.harness_error,
                     "signal",
-                    "killed by SIGKILL from outside the harness (an operator, the OOM killer or the CPU-time hard "
-                    "limit); not the kernel's verdict",
+                    f"killed by {name} (signal {signum}) from outside the harness (the OOM killer, an operator or "
+                    "a shutdown); not the kernel's verdict",
                     signum,
                 )
             address = f" at address {fatal['address']}" if fatal and signum in (signal.SIGSEGV, signal.SIGBUS) else ""
@@ -451,6 +460,15 @@ class Contender:
                 Verdict.resource_limit, "processes", f"the candidate started processes ({outcome.leftover} left)"
             )
         code = outcome.exit_code
+        if code is None:
+            # No status line: the sandbox's init, which the candidate cannot reach, died before it could report
+            # how the worker ended -- killed from outside (the OOM killer, an operator) with everything in it.
+            return Failed(
+                Verdict.harness_error,
+                "signal",
+                f"the sandbox was killed from outside the harness during {what} (no status from its init); "
+                "not the kernel's verdict",
+            )
         if code == p.EXIT_PROTOCOL:
             return Failed(
                 Verdict.forbidden,

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from engine.evidence.events import RecordedEvent
+from engine.outages import is_kernel_outcome
 
 FailureStage = Literal["proposal", "compile", "validate", "benchmark"]
 SOURCE_LIMIT = 8000
@@ -137,8 +138,11 @@ def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> 
         elif event.type in _STEP_STAGES:
             output = payload.get("output", {})
             cid = str(payload.get("candidate_id", ""))
+            signal = (payload.get("evidence") or {}).get("signal")
             if output.get("verdict") in (None, "ok") or cid in failed_ids:
                 continue
+            if not is_kernel_outcome(str(output["verdict"]), signal if isinstance(signal, int) else None):
+                continue  # the harness failed, not the kernel: there is nothing to fix
             failed_ids.add(cid)
             source, label = sources.get(cid, ("", ""))
             evidence = payload.get("evidence") or {}

@@ -6,14 +6,19 @@ gone (retention), on another cluster, or years later.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.evidence.events import RecordedEvent
 from engine.evidence.store import EventStore
+from engine.outages import is_kernel_outcome
 from engine.search.state import Incumbent
 
 STEP_EVENTS = ("candidate.compiled", "candidate.validated", "candidate.benchmarked")
+NOT_JUDGED = ("harness_error", "unfinished", "proposed")
+"""What CandidateRecord.verdict says of a candidate without a verdict: the harness or the infrastructure failed
+past its retries; the record stops at an ok step short of the benchmark; no step was recorded."""
 
 
 def stream_of(search_id: str) -> str:
@@ -32,14 +37,29 @@ class CandidateRecord:
     parent_id: str | None = None
     tags: list[str] = field(default_factory=list)
     steps: dict[str, RecordedEvent] = field(default_factory=dict)
+    harness_error: RecordedEvent | None = None
+    """The ``candidate.harness_error`` event, when the harness or the infrastructure failed to judge it."""
 
     @property
     def verdict(self) -> str:
-        """The verdict of the last step reached."""
-        for step in reversed(STEP_EVENTS):
-            if step in self.steps:
-                return str(self.steps[step].payload.get("output", {}).get("verdict", "?"))
-        return "proposed"
+        """The kernel's verdict: the first step outcome that was not ok, or ok once the benchmark was. Without
+        one, a value of NOT_JUDGED: ``harness_error`` (also for a step outcome an older log recorded from a
+        sandbox killed from outside), ``unfinished`` or ``proposed`` -- never the ok of a step short of the end."""
+        for step in STEP_EVENTS:
+            event = self.steps.get(step)
+            if event is None:
+                break
+            verdict = str(event.payload.get("output", {}).get("verdict", "?"))
+            signal = (event.payload.get("evidence") or {}).get("signal")
+            if not is_kernel_outcome(verdict, signal if isinstance(signal, int) else None):
+                return "harness_error"
+            if verdict != "ok":
+                return verdict
+        else:
+            return "ok"
+        if self.harness_error is not None:
+            return "harness_error"
+        return "unfinished" if self.steps else "proposed"
 
 
 @dataclass
@@ -58,6 +78,17 @@ class SearchHistory:
     def evaluated_ids(self) -> list[str]:
         """Candidates with at least one recorded step outcome, in order of first appearance."""
         return [cid for cid, rec in self.candidates.items() if rec.steps]
+
+    @property
+    def verdict_counts(self) -> dict[str, int]:
+        """Candidates per kernel verdict, as the log tells it; those without one (NOT_JUDGED) are not counted."""
+        counts = Counter(rec.verdict for rec in self.candidates.values())
+        return {verdict: n for verdict, n in sorted(counts.items()) if verdict not in NOT_JUDGED}
+
+    @property
+    def harness_errors(self) -> list[str]:
+        """Candidates the harness or the infrastructure failed to judge."""
+        return [cid for cid, rec in self.candidates.items() if rec.verdict == "harness_error"]
 
 
 def rebuild(search_id: str, events: list[RecordedEvent]) -> SearchHistory:
@@ -84,6 +115,11 @@ def rebuild(search_id: str, events: list[RecordedEvent]) -> SearchHistory:
             record = history.candidates.setdefault(cid, CandidateRecord(cid))
             record.generation = payload.get("generation", record.generation)
             record.steps[event.type] = event
+        elif event.type == "candidate.harness_error":
+            cid = payload["candidate_id"]
+            record = history.candidates.setdefault(cid, CandidateRecord(cid))
+            record.generation = payload.get("generation", record.generation)
+            record.harness_error = event
         elif event.type == "incumbent.promoted":
             history.incumbent = Incumbent.model_validate(payload["incumbent"])
             history.promotions.append(payload)

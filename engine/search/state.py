@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from engine.evidence.events import StreamHead
 from engine.search.candidates import Candidate
 from engine.search.spec import SearchSpec
 
@@ -36,7 +37,9 @@ class CandidateOutcome(BaseModel):
     label: str
     """Its human name."""
     verdict: str
-    """The last verdict: ok, compile_error, incorrect, crash, timeout, resource_limit, impossible."""
+    """The kernel's verdict: ok (compiled, correct and timed), compile_error, incorrect, crash, timeout,
+    resource_limit, forbidden, impossible -- or harness_error: the harness or the infrastructure failed past its
+    retries, so the candidate was never judged (no verdict; not counted with the verdicts)."""
     artifact_id: str | None = None
     """Its compiled artifact, when it compiled."""
     ratio: float | None = None
@@ -71,7 +74,10 @@ class SearchState(BaseModel):
     evaluated: list[str] = Field(default_factory=list)
     """Ids of every candidate evaluated (or reused) by this search, in order."""
     verdict_counts: dict[str, int] = Field(default_factory=dict)
-    """How many candidates ended with each verdict."""
+    """How many candidates the kernel's verdict ended, per verdict; harness errors are not verdicts."""
+    harness_errors: list[str] = Field(default_factory=list)
+    """Ids of the candidates the harness or the infrastructure failed to judge (in ``evaluated``, never in
+    ``verdict_counts``)."""
     paused: bool = False
     """True while a `pause` is in force: no new work starts."""
     stop_requested: bool = False
@@ -84,6 +90,9 @@ class SearchState(BaseModel):
     """Every promotion: generation, candidate id, label, speedup and interval."""
     status: str = "running"
     """running, paused, completed, stopped, budget_exhausted, exhausted (nothing new to propose)."""
+    head: StreamHead | None = None
+    """The search's event stream as of its newest recorded step: kept in Temporal's history, it is the
+    witness `kf audit` checks the log against (engine/search/witness.py)."""
 
     @property
     def stream_id(self) -> str:
@@ -91,7 +100,9 @@ class SearchState(BaseModel):
 
     @property
     def candidates_done(self) -> int:
-        return len(self.evaluated)
+        """Candidates judged: evaluated (or reused) with a verdict; harness errors are not judged."""
+        failed = set(self.harness_errors)
+        return sum(1 for cid in self.evaluated if cid not in failed)
 
 
 class SearchStatus(BaseModel):
@@ -112,9 +123,11 @@ class SearchStatus(BaseModel):
     generations: int
     """Generations asked for."""
     candidates_done: int
-    """Candidates evaluated so far."""
+    """Candidates judged so far (harness errors not included)."""
     verdict_counts: dict[str, int]
-    """Candidates per verdict."""
+    """Candidates judged, per verdict."""
+    harness_errors: int = 0
+    """Candidates the harness or the infrastructure failed to judge: not a verdict (see `kf audit`)."""
     best_speedup: float | None
     """The incumbent's speedup over numpy."""
     incumbent: str | None
@@ -143,8 +156,13 @@ class SearchResult(BaseModel):
     incumbent: Candidate | None
     """The incumbent at the end."""
     candidates_done: int
-    """Candidates evaluated."""
+    """Candidates judged (harness errors not included)."""
     verdict_counts: dict[str, int]
-    """Candidates per verdict."""
+    """Candidates judged, per verdict."""
+    harness_errors: int = 0
+    """Candidates the harness or the infrastructure failed to judge: not a verdict (see `kf audit`)."""
     generations_run: int
     """Generations completed, counting the seed's generation 0."""
+    head: StreamHead | None = None
+    """The search's event stream when it finished (its ``search.finished`` event or a later message): the
+    stream must end exactly here (`kf audit` checks)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from engine.evidence.events import StreamHead
 from engine.search.candidates import Candidate
 from engine.search.spec import SearchSpec
 from engine.search.state import Incumbent
@@ -39,6 +40,8 @@ class StartOutput(BaseModel):
     """Candidates the resumed search already evaluated; never proposed again."""
     resumed_incumbent: Incumbent | None = None
     """The resumed search's incumbent, as recorded."""
+    head: StreamHead | None = None
+    """The search's stream after its opening events: the witness the workflow's history keeps."""
 
 
 class TargetInfo(BaseModel):
@@ -88,6 +91,8 @@ class ProposeOutput(BaseModel):
     """True when the LLM budget stopped a proposal from being sent."""
     stop_reason: str = ""
     """Why proposals stopped early, in words."""
+    head: StreamHead | None = None
+    """The search's stream after the round's events: the witness the workflow's history keeps."""
 
 
 class StepInput(BaseModel):
@@ -113,6 +118,9 @@ class StepInput(BaseModel):
     """Confidence level of the benchmark's intervals, for benchmark: the promotion policy's."""
     seed: int = 0
     """Seed of the step's fresh random inputs."""
+    target: str | None = None
+    """The resolved target (`cpu-x86_64-avx2`, `cuda-sm90`): a compile on the shared build queue builds for it.
+    None in steps recorded before CUDA targets existed (always a CPU target)."""
 
 
 class StepOutput(BaseModel):
@@ -144,6 +152,9 @@ class StepOutput(BaseModel):
     """True when the outcome was already in the event log (a retried step) and was not redone."""
     engine_seconds: float = 0.0
     """Wall time of the step's own work (compiler, sandboxed validation or timing), without orchestration."""
+    head: StreamHead | None = None
+    """The search's stream as of the outcome event (appended now, or found recorded): the witness the
+    workflow's history keeps. Never part of the recorded payload (it names that event's own hash)."""
 
 
 class RecordInput(BaseModel):
