@@ -31,16 +31,19 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from engine import config
+from engine.errors import UserError
 from engine.hardware import c_compiler, compiler_version, cpu_target
 from engine.harness.includes import include_refusal
 from engine.harness.sandbox import Sandbox, SandboxLimits
 from engine.harness.screen import ScreenResult, screen_library
 from engine.harness.verdicts import CompileResult, Verdict
+from engine.outages import KERNEL_SIGNALS
 from engine.problems import Problem
 
 # Bumped when the harness changes how it builds or calls artifacts: old cache entries then miss.
@@ -138,12 +141,56 @@ def artifact_path(artifact_id: str, cache_dir: Path | None = None) -> Path:
     return (cache_dir or config.cache_dir()) / "artifacts" / artifact_id / "kernel.so"
 
 
+ARTIFACT_KIND = "shared_library"
+"""The kind of this backend's artifacts in the shared store (engine/evidence/artifacts.py)."""
+
+
+def cached_artifact(artifact_id: str, cache_dir: Path | None = None) -> bytes | None:
+    """The bytes of ``artifact_id`` in this machine's cache; None on a miss (fetch it from the shared store)."""
+    try:
+        return artifact_path(artifact_id, cache_dir).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def install_artifact(artifact_id: str, data: bytes, cache_dir: Path | None = None) -> Path:
+    """Put ``data`` (fetched from the shared store) into this machine's cache as ``artifact_id``; its path.
+
+    Written to a temporary file of its own, flushed to disk, then renamed over the cache entry: a reader (or a
+    concurrent fetch of the same artifact) sees no file or the whole file, never part of one. A worker killed
+    mid-write leaves only a ``.kernel.so.*`` temporary that nothing reads; the retried step fetches again.
+    A truncated ``kernel.so`` would otherwise fail the screen and be recorded as the kernel's verdict.
+    """
+    final = artifact_path(artifact_id, cache_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(data)
+            out.flush()
+            # Without it a machine that loses power after the rename can come back with an empty kernel.so.
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, final)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return final
+
+
 def normalize_flags(flags: Sequence[str] | str | None) -> list[str]:
-    """The candidate's flags as a list (a single string is split like a shell would); None: defaults."""
+    """The candidate's flags as a list (a single string is split like a shell would; unbalanced quoting is a
+    UserError); None: defaults."""
     if flags is None:
         return list(DEFAULT_FLAGS)
     if isinstance(flags, str):
-        return shlex.split(flags)
+        try:
+            return shlex.split(flags)
+        except ValueError as error:  # shlex's only complaint: an unclosed quote or a trailing backslash
+            raise UserError(
+                f"flags {flags!r}: unbalanced quoting ({str(error).lower()}); close every quote, or escape a "
+                "literal quote or backslash with a backslash, e.g. \"-O3 -DNAME='a b'\""
+            ) from None
     return [str(f) for f in flags]
 
 
@@ -215,6 +262,8 @@ def compile_source(
     started = time.perf_counter()
     result = _compile(problem, source, flag_list, artifact_id, cache, base)
     result = result.model_copy(update={"seconds": time.perf_counter() - started})
+    if result.verdict == Verdict.harness_error:
+        return result  # the machine's failure, not the source's: never cached, so the next try compiles again
     record = done if result.verdict == Verdict.ok else failed
     record.parent.mkdir(parents=True, exist_ok=True)
     tmp = record.with_name(f".{record.name}.{os.getpid()}")
@@ -244,6 +293,17 @@ def _compile(
                 update={
                     "error_category": "timeout",
                     "first_error": f"compilation stopped: {outcome.killed}",
+                    "log": log[-LOG_LIMIT:],
+                }
+            )
+        if outcome.setup_error or (outcome.signal is not None and outcome.signal not in KERNEL_SIGNALS):
+            # The sandbox failed, or the compiler was killed from outside (the OOM killer, an operator).
+            return base.model_copy(
+                update={
+                    "verdict": Verdict.harness_error,
+                    "error_category": "harness",
+                    "first_error": outcome.setup_error
+                    or f"the compiler was killed by signal {outcome.signal} from outside the harness",
                     "log": log[-LOG_LIMIT:],
                 }
             )
