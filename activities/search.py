@@ -3,6 +3,15 @@
 Every outcome is appended under a deterministic event id (search, generation, candidate, step). A step
 first looks for its own outcome: a step retried after its worker died, after the outcome was written but
 before Temporal heard of it, returns the recorded outcome instead of compiling, validating or timing again.
+
+Built artifacts go through the shared artifact store (engine/evidence/artifacts.py), so the step after a
+compile may run on any worker: compile stores the artifact before recording its outcome; validate and
+benchmark fetch what their worker's cache lacks. An artifact no worker can get is the machine's failure,
+retried, never the kernel's verdict.
+
+Outages are waited out, never verdicts (engine/outages.py). Every activity heartbeats while it runs and waits
+out an unreachable database (``outage_tolerant``); a judgement the harness itself failed -- a sandbox killed
+from outside -- is run again in a fresh sandbox, and then fails the step as HarnessError (``_judging``).
 """
 
 from __future__ import annotations
@@ -12,22 +21,26 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from engine.errors import UserError
-from engine.evidence.events import NewEvent, RecordedEvent
+from engine.errors import ArtifactCorrupt, InfrastructureError, UserError
+from engine.evidence.artifacts import ArtifactStore, StoredArtifact, digest_of
+from engine.evidence.events import NewEvent, StreamHead
 from engine.evidence.index import recorded_evidence, recorded_payload
 from engine.evidence.lessons import lessons_for
 from engine.evidence.store import EventStore
 from engine.hardware import cpu_target, hardware_fingerprint
-from engine.harness.cpu import artifact_path, compile_source
-from engine.harness.evaluation import Reference, benchmark_artifact, validate_artifact
-from engine.harness.verdicts import Verdict
+from engine.harness.backend import Backend, backend_for, problem_for_target
+from engine.harness.benchmarking import Reference
+from engine.harness.driver import ArtifactNotFound
+from engine.harness.verdicts import BenchmarkReport, CompileResult, ValidationReport, Verdict
+from engine.outages import is_kernel_outcome, wait_out
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.failures import recent_failures_from_events
@@ -47,14 +60,62 @@ from engine.search.steps import (
 )
 
 T = TypeVar("T")
+P = ParamSpec("P")
 HEARTBEAT_EVERY_S = 2.0
+EVENT_STORE = "the event store (Postgres)"
+"""What an outage of the activities' database is called in messages."""
 
 
-def _refuse_harness_error(verdict: Verdict, message: str) -> None:
-    """A judge that failed (not the kernel) is never recorded as the kernel's outcome: the step fails and is
-    retried, in a fresh sandbox, possibly on another worker."""
-    if verdict == Verdict.harness_error:
-        raise ApplicationError(f"the harness failed, not the kernel: {message}", type="HarnessError")
+def _heartbeat() -> None:
+    if activity.in_activity():
+        activity.heartbeat()
+
+
+async def _beating(work: Awaitable[T]) -> T:
+    """Await ``work``, heartbeating every HEARTBEAT_EVERY_S meanwhile (and cancelling it if the step is)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+            if done:
+                return task.result()
+            _heartbeat()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def outage_tolerant(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Every activity is wrapped in this. It heartbeats for as long as the activity runs: the workflow gives
+    each step a short heartbeat timeout, so a completion lost while Temporal restarted (or a worker killed
+    mid-step) is noticed within it and the step retried -- the retry finds the recorded outcome -- instead of
+    the search stalling for the whole start-to-close timeout.
+
+    And it waits out an outage of the database anywhere in the activity (engine/outages.py): the activity
+    runs again, with back-off and heartbeating, until the database answers or the outage patience is spent.
+    Running again is safe: every step first looks for its own recorded outcome. Past the patience the step
+    fails as InfrastructureError, non-retryable (the patience was the retry budget), never as a verdict."""
+
+    @functools.wraps(method)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await _beating(wait_out(lambda: method(*args, **kwargs), what=EVENT_STORE, on_wait=_heartbeat))
+        except InfrastructureError as error:
+            raise ApplicationError(str(error), type="InfrastructureError", non_retryable=True) from None
+
+    return run
+
+
+def _harness_failure(result: object) -> str | None:
+    """What the judge says went wrong with itself (not with the kernel), or None: a compile, validation or
+    benchmark result with verdict harness_error (a sandboxed process killed from outside, a reference point
+    that failed) is never recorded as the kernel's outcome."""
+    for item in result if isinstance(result, list) else [result]:
+        if isinstance(item, CompileResult) and item.verdict == Verdict.harness_error:
+            return item.first_error or "the compiler's sandbox failed"
+        if isinstance(item, ValidationReport | BenchmarkReport) and item.verdict == Verdict.harness_error:
+            return item.message
+    return None
 
 
 def non_retryable(error: UserError) -> ApplicationError:
@@ -62,20 +123,41 @@ def non_retryable(error: UserError) -> ApplicationError:
     return ApplicationError(str(error), type=type(error).__name__, non_retryable=True)
 
 
-class SearchActivities:
-    """The activities of KernelSearch, bound to one event store and one worker's identity."""
+def artifact_unavailable(message: str) -> ApplicationError:
+    """An artifact this worker cannot get (in neither its cache nor the shared store, or corrupt there): the
+    machine's problem, never the kernel's verdict. The step fails and is retried, here or on another worker."""
+    return ApplicationError(message, type="ArtifactUnavailable")
 
-    def __init__(self, store: EventStore, identity: str | None = None) -> None:
+
+class SearchActivities:
+    """The activities of KernelSearch, bound to one event store, one worker's identity and artifact cache.
+
+    Artifacts travel through the shared store (``artifacts``, default: the event store's database), never in
+    Temporal payloads: compile stores what it built before recording the outcome, and validate and benchmark
+    fetch what their worker's cache (``cache_dir``, default: the state folder's) lacks.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        identity: str | None = None,
+        *,
+        artifacts: ArtifactStore | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
         self.store = store
         self.identity = identity or f"kf-worker@{socket.gethostname()}:{os.getpid()}"
+        self.artifacts = artifacts or ArtifactStore(store.pool)
+        self.cache_dir = cache_dir
         self._hardware: dict[str, Any] | None = None
 
     # -- control queue -----------------------------------------------------------------------------------
 
     @activity.defn(name="kf.start_search")
+    @outage_tolerant
     async def start_search(self, start: StartInput) -> StartOutput:
         """Check the problem exists, open the search's record, and load what a resumed search starts from."""
-        problem = self._problem(start.spec.problem)
+        problem = self._problem(start.spec.problem, start.spec.target)
         seed = Candidate.create(
             problem.seed_source(),
             start.spec.flags,
@@ -105,7 +187,7 @@ class SearchActivities:
                 )
                 output.seen = [i for i in output.seen if i != incumbent.candidate_id]
         seed_id = output.seed_candidate.candidate_id
-        await self._append_events(
+        output.head = await self._append_events(
             start.search_id,
             [
                 self._event(
@@ -130,10 +212,11 @@ class SearchActivities:
         return output
 
     @activity.defn(name="kf.propose")
+    @outage_tolerant
     async def propose(self, request: ProposeInput) -> ProposeOutput:
         """Ask the proposer agents for a generation's candidates; record them with their lineage, and every
         LLM call and failed proposal, in one append (a retried round finds it recorded and never pays twice)."""
-        problem = self._problem(request.spec.problem)
+        problem = self._problem(request.spec.problem, request.target)
         try:
             proposer = proposer_for(request.spec.proposer.kind, models=request.spec.proposer.models)
         except UserError as error:
@@ -164,7 +247,9 @@ class SearchActivities:
             llm_spent_usd=request.llm_spent_usd,
             llm_budget_usd=request.spec.budget.max_llm_usd,
         )
-        batch = await asyncio.to_thread(propose_batch, proposer, problem, context)
+        # An LLM proposal may wait minutes on rate limits and slow models: it runs in a thread while this
+        # activity heartbeats, so a lost completion is noticed within the heartbeat timeout, not 30 minutes.
+        batch, _ = await self._heartbeating(functools.partial(propose_batch, proposer, problem, context))
         output = ProposeOutput(
             candidates=batch.candidates,
             spent_usd=batch.spent_usd,
@@ -197,17 +282,20 @@ class SearchActivities:
             for c in batch.candidates
         ]
         events += [self._event(i, t, p) for i, t, p in batch.outcome_events(request.search_id, request.generation)]
-        await self._append_events(request.search_id, events)
+        output.head = await self._append_events(request.search_id, events)
         return output
 
     @activity.defn(name="kf.record")
-    async def record(self, fact: RecordInput) -> None:
-        """Append a workflow-level fact (target resolved, promotion, generation done, message, finish)."""
-        await self._append(fact.search_id, fact.event_id, fact.type, fact.payload)
+    @outage_tolerant
+    async def record(self, fact: RecordInput) -> StreamHead:
+        """Append a workflow-level fact (target resolved, promotion, generation done, message, finish); returns
+        the stream's head as of it, for the workflow's history to keep."""
+        return await self._append(fact.search_id, fact.event_id, fact.type, fact.payload)
 
     # -- hardware queues -------------------------------------------------------------------------------
 
     @activity.defn(name="kf.describe_worker")
+    @outage_tolerant
     async def describe_worker(self, target: str) -> TargetInfo:
         """Answer for this worker's hardware: which queue the target's steps should go to."""
         polled = activity.info().task_queue
@@ -221,16 +309,27 @@ class SearchActivities:
         )
 
     @activity.defn(name="kf.compile")
+    @outage_tolerant
     async def compile(self, step: StepInput) -> StepOutput:
         """Compile a candidate into a content-addressed artifact, or a structured compile error."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "compiled")
         recorded = await self._recorded_output(event_id) or await self._reuse(step, event_id, "compile")
         if recorded is not None:
             return recorded
-        problem = self._problem(step.problem)
-        result, seconds = await self._heartbeating(
-            functools.partial(compile_source, problem, step.candidate.source, step.candidate.flags)
+        problem = self._problem(step.problem, step.target)
+        backend = self._backend(step)
+        result, seconds = await self._judging(
+            functools.partial(
+                backend.compile, problem, step.candidate.source, step.candidate.flags, cache_dir=self.cache_dir
+            )
         )
+        evidence = result.model_dump(mode="json")
+        if result.verdict == Verdict.ok and result.artifact_id:
+            # Stored before the outcome is recorded: an ok compile in the log always has its artifact in the
+            # shared store, for whichever worker validates or benchmarks it. The digest goes into the
+            # hash-chained record, so the bytes that were judged can be checked later.
+            stored = await self._publish(result.artifact_id, backend)
+            evidence["artifact"] = stored.model_dump(mode="json", include={"kind", "digest", "size"})
         output = StepOutput(
             step="compile",
             verdict=str(result.verdict),
@@ -239,22 +338,34 @@ class SearchActivities:
             summary=result.first_error or f"artifact {str(result.artifact_id)[:12]}",
             engine_seconds=seconds,
         )
-        await self._append_outcome(step, event_id, "candidate.compiled", output, result)
+        output.head = await self._append_outcome(step, event_id, "candidate.compiled", output, evidence)
         return output
 
     @activity.defn(name="kf.validate")
+    @outage_tolerant
     async def validate(self, step: StepInput) -> StepOutput:
         """Prove a compiled candidate correct on fresh inputs, in the sandbox."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "validated")
         recorded = await self._recorded_output(event_id) or await self._reuse(step, event_id, "validation")
         if recorded is not None:
             return recorded
-        problem = self._problem(step.problem)
+        problem = self._problem(step.problem, step.target)
+        backend = self._backend(step)
         artifact_id = self._artifact(step)
-        report, seconds = await self._heartbeating(
-            functools.partial(validate_artifact, problem, artifact_id, base_seed=step.seed, threads=step.threads)
-        )
-        _refuse_harness_error(report.verdict, report.message)
+        await self._fetch(artifact_id, backend)
+        try:
+            report, seconds = await self._judging(
+                functools.partial(
+                    backend.validate,
+                    problem,
+                    artifact_id,
+                    seed=step.seed,
+                    threads=step.threads,
+                    cache_dir=self.cache_dir,
+                )
+            )
+        except ArtifactNotFound as error:  # left the cache since it was fetched
+            raise artifact_unavailable(str(error)) from None
         first = report.cases[0].message if report.cases else ""
         output = StepOutput(
             step="validate",
@@ -264,35 +375,43 @@ class SearchActivities:
             summary=first or f"{report.trials} trials passed",
             engine_seconds=seconds,
         )
-        await self._append_outcome(step, event_id, "candidate.validated", output, report)
+        output.head = await self._append_outcome(step, event_id, "candidate.validated", output, report)
         return output
 
     @activity.defn(name="kf.benchmark")
+    @outage_tolerant
     async def benchmark(self, step: StepInput) -> StepOutput:
         """Time a candidate against the incumbent and numpy, interleaved in one sandboxed process."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "benchmarked")
         recorded = await self._recorded_output(event_id)
         if recorded is not None:
             return recorded
-        problem = self._problem(step.problem)
+        problem = self._problem(step.problem, step.target)
+        backend = self._backend(step)
         artifact_id = self._artifact(step)
-        references = [Reference(kind="numpy", artifact_id=None, label="numpy")]
+        await self._fetch(artifact_id, backend)
+        # The library baseline: numpy on a CPU, the problem's CuPy baseline on a GPU.
+        references: list[Reference] = [backend.library_reference]
         if step.incumbent_artifact_id:
+            # The incumbent was built by whichever worker compiled it, maybe generations ago.
+            await self._fetch(step.incumbent_artifact_id, backend)
             references.insert(0, Reference(kind="artifact", artifact_id=step.incumbent_artifact_id, label="incumbent"))
-        reports, seconds = await self._heartbeating(
-            functools.partial(
-                benchmark_artifact,
-                problem,
-                artifact_id,
-                references,
-                budget_s=step.benchmark_seconds,
-                threads=step.threads,
-                seed=step.seed,
-                confidence=step.confidence,
+        try:
+            reports, seconds = await self._judging(
+                functools.partial(
+                    backend.benchmark,
+                    problem,
+                    artifact_id,
+                    references,
+                    budget_s=step.benchmark_seconds,
+                    threads=step.threads,
+                    seed=step.seed,
+                    confidence=step.confidence,
+                    cache_dir=self.cache_dir,
+                )
             )
-        )
-        for report in reports:
-            _refuse_harness_error(report.verdict, report.message)
+        except ArtifactNotFound as error:  # left the cache since it was fetched
+            raise artifact_unavailable(str(error)) from None
         versus = reports[0]
         numpy_report = reports[-1]
         verdict = next((str(r.verdict) for r in reports if str(r.verdict) != "ok"), "ok")
@@ -310,14 +429,74 @@ class SearchActivities:
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,
         )
-        await self._append_outcome(
+        output.head = await self._append_outcome(
             step,
             event_id,
             "candidate.benchmarked",
             output,
-            {"reports": [r.model_dump(mode="json") for r in reports]},
+            {
+                "reports": [r.model_dump(mode="json") for r in reports],
+                "incumbent_artifact_id": step.incumbent_artifact_id,
+            },
         )
         return output
+
+    # -- artifacts ---------------------------------------------------------------------------------------
+
+    async def _publish(self, artifact_id: str, backend: Backend) -> StoredArtifact:
+        """Put this worker's build of ``artifact_id`` into the shared store; return the stored record.
+
+        When another worker stored another build of the same id first (a compiler that is not reproducible
+        byte for byte), its bytes replace this worker's in the cache: every worker judges one binary per id."""
+        data = await asyncio.to_thread(backend.cached_artifact, artifact_id, self.cache_dir)
+        if data is None:
+            raise artifact_unavailable(
+                f"artifact {artifact_id} was built but is missing from this worker's cache "
+                f"({backend.artifact_path(artifact_id, self.cache_dir)}): something removed it; the step is retried"
+            )
+        stored = await self.artifacts.put(artifact_id, backend.artifact_kind, data)
+        if stored.digest != digest_of(data):
+            await self._fetch(artifact_id, backend, replace=True)
+        return stored
+
+    async def _fetch(self, artifact_id: str, backend: Backend, *, replace: bool = False) -> None:
+        """Make this worker's cache hold ``artifact_id``, fetched from the shared store on a miss (or always,
+        with ``replace``). The cache entry is written atomically (engine/harness/cpu.py install_artifact): a
+        worker killed mid-fetch leaves no partial library, and the retried step simply fetches again."""
+        path = backend.artifact_path(artifact_id, self.cache_dir)
+        if not replace and await asyncio.to_thread(path.is_file):
+            return
+        try:
+            artifact = await self.artifacts.get(artifact_id)
+        except ArtifactCorrupt as error:
+            raise artifact_unavailable(str(error)) from None
+        if artifact is None:
+            raise artifact_unavailable(
+                f"artifact {artifact_id} is in neither this worker's cache ({path}) nor the shared store; the step "
+                "is retried. Do all workers use one database (KF_DATABASE_URL), migrated to 0006_artifacts?"
+            )
+        if artifact.kind != backend.artifact_kind:
+            raise artifact_unavailable(
+                f"artifact {artifact_id} is a {artifact.kind!r}, but this step loads {backend.artifact_kind!r} "
+                "artifacts: a step reached a task queue of another backend"
+            )
+        await asyncio.to_thread(backend.install_artifact, artifact_id, artifact.data, self.cache_dir)
+
+    async def _available(self, artifact_id: str | None, backend: Backend) -> bool:
+        """True when any worker can fetch ``artifact_id``: it is in the shared store, or in this worker's cache
+        (built before the store existed, say), from where it is stored now."""
+        if artifact_id is None:
+            return False
+        try:
+            path = backend.artifact_path(artifact_id, self.cache_dir)
+        except ValueError:  # not an artifact id of this backend
+            return False
+        if await self.artifacts.describe(artifact_id) is not None:
+            return True
+        if not await asyncio.to_thread(path.is_file):
+            return False
+        await self._publish(artifact_id, backend)
+        return True
 
     # -- plumbing ----------------------------------------------------------------------------------------
 
@@ -332,9 +511,19 @@ class SearchActivities:
             self._hardware = hardware_fingerprint().model_dump(mode="json")
         return self._hardware
 
-    def _problem(self, name: str) -> Problem:
+    def _problem(self, name: str, target: str | None = None) -> Problem:
+        """The problem as ``target``'s backend sees it (its seed, template and entry point: C on a CPU, CUDA on
+        a GPU); a problem without a kernel for the target is bad input, never retried."""
         try:
-            return load_problem(name)
+            return problem_for_target(load_problem(name), target or "cpu")
+        except UserError as error:
+            raise non_retryable(error) from None
+
+    @staticmethod
+    def _backend(step: StepInput) -> Backend:
+        """The backend of the step's target (steps recorded before targets were carried are CPU steps)."""
+        try:
+            return backend_for(step.target or "cpu")
         except UserError as error:
             raise non_retryable(error) from None
 
@@ -349,26 +538,40 @@ class SearchActivities:
 
         Returns the work's result and its wall time (what the step cost without orchestration)."""
         began = time.perf_counter()
-        task = asyncio.ensure_future(asyncio.to_thread(work))
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
-            if done:
-                return task.result(), time.perf_counter() - began
-            activity.heartbeat()
+        result = await _beating(asyncio.to_thread(work))
+        return result, time.perf_counter() - began
+
+    async def _judging(self, work: Callable[[], T]) -> tuple[T, float]:
+        """Run a judgement (compile, validation, timing) like :meth:`_heartbeating`. A harness failure -- a
+        sandboxed process killed from outside (the OOM killer, an operator), a reference point that failed:
+        nothing the kernel can be shown to have caused -- is run once more, in a fresh sandbox (each run builds
+        its own), before anything is concluded. A second one fails the step with HarnessError, which Temporal
+        retries (here or on another worker): never a verdict, never recorded as the kernel's outcome."""
+        result, seconds = await self._heartbeating(work)
+        failure = _harness_failure(result)
+        if failure is None:
+            return result, seconds
+        activity.logger.warning("the harness failed, not the kernel (%s); running it again in a fresh sandbox", failure)
+        result, again = await self._heartbeating(work)
+        failure = _harness_failure(result)
+        if failure is not None:
+            raise ApplicationError(f"the harness failed twice, not the kernel: {failure}", type="HarnessError")
+        return result, seconds + again
 
     async def _recorded_output(self, event_id: str) -> StepOutput | None:
-        payload = await recorded_payload(self.store, event_id)
-        if payload is None:
+        event = await self.store.read_event(event_id)
+        if event is None:
             return None
-        output = StepOutput.model_validate(payload["output"])
-        return output.model_copy(update={"reused": True})
+        output = StepOutput.model_validate(event.payload["output"])
+        return output.model_copy(update={"reused": True, "head": StreamHead.of(event)})
 
     async def _recorded_proposal(self, request: ProposeInput) -> ProposeOutput | None:
         """The candidates a retried proposal already recorded: proposers read lessons (and models) that
         may have moved on since, and the same event ids must never be sent with other content."""
-        recorded = await recorded_payload(self.store, f"{request.search_id}/g{request.generation}/proposed")
-        if recorded is None:
+        proposed = await self.store.read_event(f"{request.search_id}/g{request.generation}/proposed")
+        if proposed is None:
             return None
+        recorded = proposed.payload
         ids = [
             step_event_id(request.search_id, request.generation, cid, "proposed") for cid in recorded["candidate_ids"]
         ]
@@ -379,6 +582,7 @@ class SearchActivities:
             spent_usd=float(recorded.get("spent_usd", 0.0)),
             budget_exhausted=bool(recorded.get("budget_exhausted", False)),
             stop_reason=str(recorded.get("stop_reason", "")),
+            head=StreamHead.of(proposed),
         )
 
     async def _reuse(self, step: StepInput, event_id: str, kind: Literal["compile", "validation"]) -> StepOutput | None:
@@ -392,8 +596,8 @@ class SearchActivities:
         if kind == "compile":
             verdict, artifact_id = earlier.compile_verdict, earlier.artifact_id
             original, summary = earlier.compile_event_id, earlier.compile_summary
-            # The artifact left this worker's cache: compile again (the validation is still reused).
-            if verdict == "ok" and not _in_cache(artifact_id):
+            # An artifact no worker can fetch is compiled again (the validation is still reused).
+            if verdict == "ok" and not await self._available(artifact_id, self._backend(step)):
                 return None
         else:
             verdict, artifact_id = earlier.validation_verdict, earlier.validated_artifact_id
@@ -401,6 +605,12 @@ class SearchActivities:
             if artifact_id != step.artifact_id:  # another build (compiler upgrade): judge it afresh
                 return None
         if verdict is None or original is None:
+            return None
+        body = await recorded_payload(self.store, original)
+        signal = ((body or {}).get("evidence") or {}).get("signal")
+        if not is_kernel_outcome(verdict, signal if isinstance(signal, int) else None):
+            # An infrastructure failure an older log recorded as a verdict (a sandbox killed from outside
+            # reported as the kernel's crash): not evidence about the kernel, so it is judged afresh.
             return None
         output = StepOutput(
             step="compile" if kind == "compile" else "validate",
@@ -410,10 +620,9 @@ class SearchActivities:
             summary=f"{summary} (reused from {original})",
             reused=True,
         )
-        body = await recorded_payload(self.store, original)
         evidence = {**((body or {}).get("evidence") or {}), **earlier.reference(kind)}
         event_type = "candidate.compiled" if kind == "compile" else "candidate.validated"
-        await self._append_outcome(step, event_id, event_type, output, evidence)
+        output.head = await self._append_outcome(step, event_id, event_type, output, evidence)
         return output
 
     def _metadata(self) -> dict[str, Any]:
@@ -433,15 +642,22 @@ class SearchActivities:
     def _event(self, event_id: str, event_type: str, payload: dict[str, Any]) -> NewEvent:
         return NewEvent(event_id=event_id, type=event_type, payload=payload, metadata=self._metadata())
 
-    async def _append(self, search_id: str, event_id: str, event_type: str, payload: dict[str, Any]) -> None:
-        await self._append_events(search_id, [self._event(event_id, event_type, payload)])
+    async def _append(self, search_id: str, event_id: str, event_type: str, payload: dict[str, Any]) -> StreamHead:
+        return await self._append_events(search_id, [self._event(event_id, event_type, payload)])
 
-    async def _append_events(self, search_id: str, events: list[NewEvent]) -> list[RecordedEvent]:
-        return await self.store.append(stream_of(search_id), events)
+    async def _append_events(self, search_id: str, events: list[NewEvent]) -> StreamHead:
+        """Append to the search's stream; returns its head as of the newest of these events (stored now, or
+        before by the attempt this one retries), which the activity hands to the workflow's history."""
+        # Waited out here, not by running the whole step again: the compile, validation or timing is done and
+        # only its record is missing. A retried append of the same events is idempotent.
+        recorded = await wait_out(
+            lambda: self.store.append(stream_of(search_id), events), what=EVENT_STORE, on_wait=_heartbeat
+        )
+        return StreamHead.of(max(recorded, key=lambda e: e.stream_version))
 
     async def _append_outcome(
         self, step: StepInput, event_id: str, event_type: str, output: StepOutput, evidence: Any
-    ) -> None:
+    ) -> StreamHead:
         body = evidence.model_dump(mode="json") if isinstance(evidence, BaseModel) else evidence
         event = self._event(
             event_id,
@@ -449,17 +665,9 @@ class SearchActivities:
             {
                 "generation": step.generation,
                 "candidate_id": step.candidate.candidate_id,
-                "output": output.model_dump(mode="json"),
+                "output": output.model_dump(mode="json", exclude={"head"}),
                 "evidence": body,
             },
         )
         event.metadata["hardware"] = self.hardware()
-        await self._append_events(step.search_id, [event])
-
-
-def _in_cache(artifact_id: str | None) -> bool:
-    """True when this worker's artifact cache holds the compiled library."""
-    try:
-        return artifact_id is not None and artifact_path(artifact_id).is_file()
-    except ValueError:  # not an artifact id of this backend
-        return False
+        return await self._append_events(step.search_id, [event])

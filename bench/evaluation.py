@@ -186,7 +186,7 @@ def aa_runs(cache: Path, runs: int, budget: float) -> dict[str, Any]:
 
 def seed_speedups(cache: Path, budget: float) -> dict[str, Any]:
     speedups = {}
-    for name in builtin_problems():
+    for name in builtin_problems("cpu"):
         problem = load_problem(name)
         seed = compile_source(problem, problem.seed_source(), cache_dir=cache).artifact_id
         assert seed is not None

@@ -4,6 +4,7 @@ A speedup is only meaningful next to the hardware it was measured on, so every b
 :class:`HardwareFingerprint`. :func:`cpu_target` names the worker's CPU kind (``cpu-x86_64-avx512``…); it is
 the suffix of the task queue a worker polls. The measured limits used by the roofline check (memory
 bandwidth, peak flops) are :class:`MachineLimits`, measured in the sandbox by ``engine.harness.benchmarking``.
+A CUDA measurement adds the device's :class:`GpuFingerprint` (read by engine/harness/cuda/fingerprint.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,29 @@ RELEVANT_ISA_FLAGS = (
 )
 
 
+class GpuFingerprint(BaseModel):
+    """The CUDA device a measurement was taken on (engine/harness/cuda/fingerprint.py reads it in the sandboxed
+    child, through the driver API)."""
+
+    name: str = Field(description="Device name as the driver reports it, e.g. 'NVIDIA H200'.")
+    uuid: str = Field(default="", description="The device's UUID (GPU-xxxxxxxx-...), when readable.")
+    compute_capability: str = Field(description="Compute capability, e.g. '9.0'.")
+    sm_count: int = Field(description="Streaming multiprocessors.")
+    driver_version: str = Field(
+        default="", description="NVIDIA driver release (e.g. '570.86.15', /proc/driver/nvidia/version); '' unknown."
+    )
+    cuda_version: str = Field(description="CUDA version the driver supports (cuDriverGetVersion), e.g. '12.8'.")
+    bindings_version: str = Field(default="", description="cuda-python (cuda.bindings) version of the judge.")
+    sm_clock_khz: int | None = Field(default=None, description="Peak SM clock, kHz (None where not reported).")
+    memory_clock_khz: int | None = Field(default=None, description="Peak memory clock, kHz (None where not reported).")
+    memory_bus_bits: int | None = Field(default=None, description="Memory bus width in bits (None where not reported).")
+    memory_bytes: int = Field(description="Device memory, bytes.")
+    l2_bytes: int = Field(description="L2 cache size, bytes (the L2 flush between timed calls writes twice this).")
+    hbm_bandwidth_gbs: float | None = Field(
+        default=None, description="Measured device-memory bandwidth (a large device-to-device copy), GB/s."
+    )
+
+
 class HardwareFingerprint(BaseModel):
     """The machine, toolchain and core budget a measurement was taken with."""
 
@@ -65,6 +89,9 @@ class HardwareFingerprint(BaseModel):
     )
     peak_gflops: float | None = Field(
         default=None, description="Measured float32 peak (BLAS sgemm) in GFLOP/s, when measured."
+    )
+    gpu: GpuFingerprint | None = Field(
+        default=None, description="The GPU a CUDA measurement ran on (None for a CPU measurement)."
     )
 
 

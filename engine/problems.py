@@ -1,19 +1,26 @@
 """Problems: load a problem folder (built in under ``kernels/`` or any path) and check its format.
 
-A problem folder holds ``problem.py`` (numpy only) plus its C seed kernel and template; the format is
-documented in docs/problems.md. The harness never trusts a folder blindly: missing names and malformed
-parameter lists are reported with the file and the fix.
+A problem folder holds ``problem.py`` (numpy only) plus its seed kernels and templates: C (``seed.c``) for
+the CPU backend, CUDA (``seed.cu``) for the CUDA backend, or both; the format is documented in
+docs/problems.md. A loaded :class:`Problem` is a view for one backend (:meth:`Problem.for_backend`): its
+entry point, seed and template are that backend's, everything else (inputs, reference, tolerances) is shared.
+The harness never trusts a folder blindly: missing names and malformed parameter lists are reported with the
+file and the fix.
+
+``bfloat16`` arrays are stored as their bit patterns in ``uint16`` (numpy has no bfloat16):
+:func:`float32_to_bf16` makes them, :func:`bf16_to_float32` and :meth:`Problem.decode_output` read them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,11 +28,19 @@ from engine.errors import UnknownProblemError, UserError
 from kernels import SUITE_DIR
 
 ROLES = ("in", "out", "inout", "size", "scalar")
-DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32}
+# How each declared dtype is stored in numpy. bfloat16 has no numpy type: its 16 bits are kept as uint16.
+DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32, "bfloat16": np.uint16}
+# The C++ type of one element in a CUDA kernel's parameters (bfloat16 as its bits, converted by hand).
+CUDA_TYPES = {
+    "float32": "float",
+    "float64": "double",
+    "int64": "long long",
+    "int32": "int",
+    "bfloat16": "unsigned short",
+}
+BACKENDS = ("cpu", "cuda")
 REQUIRED = (
     "NAME",
-    "ENTRY",
-    "SIGNATURE",
     "PARAMS",
     "VALIDATION_SHAPES",
     "BENCHMARK_SHAPES",
@@ -36,12 +51,50 @@ REQUIRED = (
     "baseline",
     "roofline",
 )
+# What each backend needs besides REQUIRED, checked only where the folder declares that backend: ENTRY
+# declares a C kernel, CUDA_ENTRY a CUDA kernel, and a CUDA-only folder needs no C parts at all.
+REQUIRED_FOR = {"cpu": ("ENTRY", "SIGNATURE"), "cuda": ("CUDA_ENTRY", "cuda_baseline")}
+_DECLARES = {"cpu": "ENTRY", "cuda": "CUDA_ENTRY"}
+
+
+class _Declarations(NamedTuple):
+    """What a backend's seed, template, parameter space and restrictions are called in problem.py."""
+
+    seed: str
+    default_seed: str
+    template: str
+    template_params: str
+    template_allows: str
+
+
+_NAMES = {
+    "cpu": _Declarations("SEED", "seed.c", "TEMPLATE", "TEMPLATE_PARAMS", "template_allows"),
+    "cuda": _Declarations("CUDA_SEED", "seed.cu", "CUDA_TEMPLATE", "CUDA_TEMPLATE_PARAMS", "cuda_template_allows"),
+}
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_][A-Z0-9_]*)\}\}")
+
+
+def bf16_to_float32(bits: Any) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as float32 values: exact, a bfloat16 is the top half of a float32."""
+    wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32)
+    return np.asarray((wide << np.uint32(16)).view(np.float32))
+
+
+def float32_to_bf16(values: Any) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16, ties to even, as bit patterns (uint16); NaN stays a
+    (quiet) NaN and values beyond the largest bfloat16 round to infinity, as hardware conversions do."""
+    single = np.array(values, dtype=np.float32)
+    bits = single.view(np.uint32)
+    # Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; the carry may ripple into the
+    # exponent, which is exactly right (up to the next binade, or to infinity).
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x0040)
+    return np.asarray(np.where(np.isnan(single), quiet_nan, rounded).astype(np.uint16))
 
 
 @dataclass(frozen=True)
 class Param:
-    """One argument of the kernel's C entry point, in ABI order."""
+    """One argument of the kernel's entry point, in ABI order."""
 
     name: str
     role: str
@@ -56,21 +109,67 @@ class Param:
         return tuple(int(shape[d]) for d in self.shape)
 
 
+def cuda_signature(entry: str, params: tuple[Param, ...]) -> str:
+    """The CUDA kernel's declaration for ``params``: arrays as device pointers (``const`` for ``in``), sizes as
+    ``long long``, scalars by value, in PARAMS order."""
+    args = []
+    for p in params:
+        base = "long long" if p.role == "size" else CUDA_TYPES[p.dtype]
+        if p.is_array:
+            args.append(f"{'const ' if p.role == 'in' else ''}{base} *{p.name}")
+        else:
+            args.append(f"{base} {p.name}")
+    return f'extern "C" __global__ void {entry}({", ".join(args)})'
+
+
+def declared_backends(module: ModuleType) -> tuple[str, ...]:
+    """The backends a problem.py declares a kernel for: ``cpu`` with ``ENTRY``, ``cuda`` with ``CUDA_ENTRY``."""
+    return tuple(b for b in BACKENDS if hasattr(module, _DECLARES[b]))
+
+
 @dataclass(frozen=True)
 class Problem:
-    """A loaded problem folder: its declarations and the functions of its ``problem.py``."""
+    """A loaded problem folder: its declarations and the functions of its ``problem.py``, viewed for one
+    backend (``backend``): the entry point, signature, seed, template and benchmark shapes are that backend's."""
 
     name: str
     folder: Path
     module: ModuleType = field(repr=False)
     params: tuple[Param, ...]
+    backend: str = "cpu"
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """Every backend the folder declares a kernel for, e.g. ``("cpu", "cuda")``."""
+        return declared_backends(self.module)
+
+    def for_backend(self, backend: str) -> Problem:
+        """This problem as seen by ``backend`` (``cpu`` or ``cuda``): proposers and the harness use the view's
+        seed, template and entry point unchanged. A backend the folder does not declare is a UserError."""
+        if backend not in BACKENDS:
+            raise UserError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+        if backend not in self.backends:
+            needs = "ENTRY and SIGNATURE (and seed.c)" if backend == "cpu" else "CUDA_ENTRY (and seed.cu)"
+            raise UserError(
+                f"problem {self.name!r} has no {backend} kernel: {self.folder / 'problem.py'} declares only "
+                f"{list(self.backends)}; pick a target of those, or declare {needs} (see docs/problems.md)"
+            )
+        return self if backend == self.backend else dataclasses.replace(self, backend=backend)
+
+    @property
+    def _names(self) -> _Declarations:
+        return _NAMES[self.backend]
 
     @property
     def entry(self) -> str:
-        return str(self.module.ENTRY)
+        return str(getattr(self.module, _DECLARES[self.backend]))
 
     @property
     def signature(self) -> str:
+        """The entry point's declaration: the C prototype (``SIGNATURE``), or the CUDA kernel's, derived from
+        PARAMS (:func:`cuda_signature`)."""
+        if self.backend == "cuda":
+            return cuda_signature(self.entry, self.params)
         return str(self.module.SIGNATURE)
 
     @property
@@ -83,7 +182,12 @@ class Problem:
 
     @property
     def benchmark_shapes(self) -> list[tuple[dict[str, int], float]]:
-        return [(dict(s), float(w)) for s, w in self.module.BENCHMARK_SHAPES]
+        """``BENCHMARK_SHAPES``; for the CUDA view ``CUDA_BENCHMARK_SHAPES`` where declared (a GPU needs far
+        larger shapes than a core to be bound by its memory rather than by launch overhead)."""
+        shapes = self.module.BENCHMARK_SHAPES
+        if self.backend == "cuda":
+            shapes = getattr(self.module, "CUDA_BENCHMARK_SHAPES", shapes)
+        return [(dict(s), float(w)) for s, w in shapes]
 
     @property
     def distributions(self) -> list[str]:
@@ -160,6 +264,26 @@ class Problem:
         out: dict[str, np.ndarray] = self.module.baseline(inputs, shape)
         return out
 
+    def cuda_baseline(self, cp: Any, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
+        """The library baseline on the GPU: what a Python GPU user calls, through CuPy. ``cp`` is the cupy
+        module (imported by the caller, never here), ``inputs`` hold cupy arrays of the declared storage dtypes
+        (``inout`` ones are copies the baseline may overwrite) and numpy scalars; returns a cupy array for
+        every ``out`` and ``inout`` name."""
+        out: dict[str, Any] = self.module.cuda_baseline(cp, inputs, shape)
+        return out
+
+    def decode_output(self, name: str, array: np.ndarray) -> np.ndarray:
+        """The values of output ``name`` as floats, for comparing with the reference: a bfloat16 array's bit
+        patterns decoded to float32 (exactly), any other array unchanged."""
+        param = next((p for p in self.params if p.name == name), None)
+        if param is None:
+            raise UserError(
+                f"problem {self.name!r} has no parameter {name!r}; its outputs are {[p.name for p in self.outputs]}"
+            )
+        if param.dtype == "bfloat16":
+            return bf16_to_float32(array)
+        return np.asarray(array)
+
     def roofline(self, shape: dict[str, int]) -> dict[str, int]:
         model: dict[str, int] = self.module.roofline(shape)
         return model
@@ -175,25 +299,27 @@ class Problem:
         return [p for p in self.params if p.role in ("out", "inout")]
 
     def seed_source(self) -> str:
-        return (self.folder / str(getattr(self.module, "SEED", "seed.c"))).read_text()
+        return (self.folder / str(getattr(self.module, self._names.seed, self._names.default_seed))).read_text()
 
     def template_source(self) -> str | None:
-        name = getattr(self.module, "TEMPLATE", None)
+        name = getattr(self.module, self._names.template, None)
         return (self.folder / str(name)).read_text() if name else None
 
     @property
     def template_params(self) -> dict[str, list[Any]]:
-        return {k: list(v) for k, v in getattr(self.module, "TEMPLATE_PARAMS", {}).items()}
+        return {k: list(v) for k, v in getattr(self.module, self._names.template_params, {}).items()}
 
     def template_allows(self, params: dict[str, Any]) -> bool:
-        check = getattr(self.module, "template_allows", None)
+        check = getattr(self.module, self._names.template_allows, None)
         return bool(check(params)) if check else True
 
     def render_template(self, params: dict[str, Any]) -> str:
-        """The template's C source with every ``{{NAME}}`` replaced by its parameter value."""
+        """The template's source with every ``{{NAME}}`` replaced by its parameter value."""
         source = self.template_source()
         if source is None:
-            raise UserError(f"problem {self.name!r} has no template; add TEMPLATE to its problem.py")
+            raise UserError(
+                f"problem {self.name!r} has no {self.backend} template; add {self._names.template} to its problem.py"
+            )
         missing = sorted(set(_PLACEHOLDER.findall(source)) - set(params))
         if missing:
             raise UserError(f"template of {self.name!r} needs values for {missing}; got {sorted(params)}")
@@ -203,25 +329,37 @@ class Problem:
         """Hash of the problem folder's files: evidence records which definition judged a candidate."""
         digest = hashlib.sha256()
         for path in sorted(self.folder.iterdir()):
-            if path.is_file() and path.suffix in (".py", ".c", ".h", ".json"):
+            if path.is_file() and path.suffix in (".py", ".c", ".h", ".cu", ".json"):
                 digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
         return digest.hexdigest()
 
 
-def builtin_problems() -> list[str]:
-    """Names of the problems shipped under ``kernels/``."""
-    return sorted(p.parent.name for p in SUITE_DIR.glob("*/problem.py"))
+def builtin_problems(backend: str | None = None) -> list[str]:
+    """Names of the problems shipped under ``kernels/``; with ``backend``, only those with a kernel for it."""
+    names = sorted(p.parent.name for p in SUITE_DIR.glob("*/problem.py"))
+    if backend is None:
+        return names
+    return [n for n in names if backend in load_problem(n).backends]
 
 
-def load_problem(name_or_path: str | Path) -> Problem:
-    """Load a built-in problem by name, or a problem folder by path."""
-    text = str(name_or_path)
+def _problem_folder(text: str) -> Path | None:
+    """The folder holding ``problem.py`` that ``text`` names (a built-in name or a path), or None."""
     folder = SUITE_DIR / text
     if not (folder / "problem.py").is_file():
         folder = Path(text).expanduser()
         if folder.is_file() and folder.name == "problem.py":
             folder = folder.parent
-    if not (folder / "problem.py").is_file():
+    return folder if (folder / "problem.py").is_file() else None
+
+
+def load_problem(name_or_path: str | Path) -> Problem:
+    """Load a built-in problem by name, or a problem folder by path."""
+    text = str(name_or_path)
+    try:
+        folder = _problem_folder(text)
+    except OSError as error:  # e.g. a path component over NAME_MAX: say which input it was
+        raise UnknownProblemError(f"problem {text[:80]!r}… is not a usable path: {error.strerror}") from None
+    if folder is None:
         raise UnknownProblemError(
             f"unknown problem {text!r}: not one of the built-in problems {builtin_problems()} and not a "
             "folder holding a problem.py; pass a built-in name or the path of a problem folder "
@@ -234,9 +372,25 @@ def load_problem(name_or_path: str | Path) -> Problem:
         raise UserError(
             f"{folder / 'problem.py'} lacks {missing}; every problem.py defines {list(REQUIRED)} (see docs/problems.md)"
         )
+    backends = declared_backends(module)
+    if not backends:
+        raise UserError(
+            f"{folder / 'problem.py'} declares no kernel: define ENTRY and SIGNATURE for a C kernel (seed.c), "
+            "CUDA_ENTRY for a CUDA kernel (seed.cu), or both (see docs/problems.md)"
+        )
+    for backend in backends:
+        lacking = [n for n in REQUIRED_FOR[backend] if not hasattr(module, n)]
+        if lacking:
+            raise UserError(
+                f"{folder / 'problem.py'} declares a {backend} kernel ({_DECLARES[backend]}) but lacks {lacking}; "
+                f"a {backend} kernel needs {list(REQUIRED_FOR[backend])} (see docs/problems.md)"
+            )
     params = tuple(_parse_param(folder, raw) for raw in module.PARAMS)
     _check_declarations(folder, module, params)
-    return Problem(name=str(module.NAME), folder=folder, module=module, params=params)
+    if "cuda" in backends:
+        _check_cuda_declarations(folder, module)
+    # The C view comes first where there is one: it is what every CPU caller has always received.
+    return Problem(name=str(module.NAME), folder=folder, module=module, params=params, backend=backends[0])
 
 
 def _import_problem_module(folder: Path) -> ModuleType:
@@ -274,13 +428,16 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
             raise UserError(
                 f"{where}: array {p.name!r} is shaped by {unknown}, which are not size params {sorted(sizes)}"
             )
-    benchmark = list(module.BENCHMARK_SHAPES)
-    for entry in benchmark:
-        if not (isinstance(entry, tuple | list) and len(entry) == 2 and float(entry[1]) > 0):
-            raise UserError(f"{where}: BENCHMARK_SHAPES entry {entry!r} must be a (shape, weight) pair, weight > 0")
+    benchmarks = {"BENCHMARK_SHAPES": list(module.BENCHMARK_SHAPES)}
+    if hasattr(module, "CUDA_BENCHMARK_SHAPES"):
+        benchmarks["CUDA_BENCHMARK_SHAPES"] = list(module.CUDA_BENCHMARK_SHAPES)
+    for name, benchmark in benchmarks.items():
+        for entry in benchmark:
+            if not (isinstance(entry, tuple | list) and len(entry) == 2 and float(entry[1]) > 0):
+                raise UserError(f"{where}: {name} entry {entry!r} must be a (shape, weight) pair, weight > 0")
     for label, shapes in (
         ("VALIDATION_SHAPES", list(module.VALIDATION_SHAPES)),
-        ("BENCHMARK_SHAPES", [s for s, _ in benchmark]),
+        *((name, [s for s, _ in benchmark]) for name, benchmark in benchmarks.items()),
     ):
         if not shapes:
             raise UserError(f"{where}: {label} is empty; give at least one shape")
@@ -293,3 +450,19 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
             f"{where}: TOLERANCES has no entry for output dtype(s) {missing}; "
             "add {dtype: {'atol': ..., 'rtol': ...}}"
         )
+
+
+def _check_cuda_declarations(folder: Path, module: ModuleType) -> None:
+    """The CUDA seed and template files exist, a template comes with its parameters, the baseline is callable."""
+    where = folder / "problem.py"
+    seed = str(getattr(module, "CUDA_SEED", "seed.cu"))
+    if not (folder / seed).is_file():
+        raise UserError(f"{where}: CUDA_SEED names {seed!r}, which is not in {folder}; add the naive CUDA kernel")
+    template = getattr(module, "CUDA_TEMPLATE", None)
+    if template is not None:
+        if not (folder / str(template)).is_file():
+            raise UserError(f"{where}: CUDA_TEMPLATE names {template!r}, which is not in {folder}")
+        if not getattr(module, "CUDA_TEMPLATE_PARAMS", None):
+            raise UserError(f"{where}: CUDA_TEMPLATE needs CUDA_TEMPLATE_PARAMS, {{PARAM: [values...]}}")
+    if not callable(module.cuda_baseline):
+        raise UserError(f"{where}: cuda_baseline must be a function (cp, inputs, shape) -> {{output: cupy array}}")

@@ -18,6 +18,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 KF_SERVICES = ("migrate", "worker-cpu")
+ROLE_PASSWORDS = {
+    match.group(1): match.group(2)
+    for match in re.finditer(
+        r"CREATE ROLE (\w+) LOGIN PASSWORD '([^']*)';", (ROOT / "docker" / "postgres-init.sql").read_text()
+    )
+}
+"""The login roles docker/postgres-init.sql creates, with their passwords."""
 
 
 def load(text: str) -> dict[str, Any]:
@@ -32,14 +39,14 @@ def services() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def gpu_worker() -> dict[str, Any]:
-    """The commented-out worker-gpu block, uncommented: it must be valid as soon as someone enables it."""
-    worker: dict[str, Any] = load(with_gpu_worker_enabled())["services"]["worker-gpu"]
+def gpu_worker(services: dict[str, Any]) -> dict[str, Any]:
+    """The worker-gpu service (started only with the gpu profile)."""
+    worker: dict[str, Any] = services["worker-gpu"]
     return worker
 
 
 def test_the_stack_has_its_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"postgres", "temporal", "temporal-ui", "migrate", "worker-cpu"}
+    assert set(services) == {"postgres", "temporal", "temporal-ui", "migrate", "worker-cpu", "worker-gpu"}
     assert services["postgres"]["image"].startswith("postgres:16")
     assert services["temporal"]["image"].startswith("temporalio/auto-setup:")
     assert services["temporal-ui"]["image"].startswith("temporalio/ui:")
@@ -63,10 +70,24 @@ def test_kf_services_point_at_the_stack(services: dict[str, Any], name: str) -> 
     assert service["build"] == "."
     environment = service["environment"]
     url = urlsplit(environment["KF_DATABASE_URL"])
-    postgres = services["postgres"]["environment"]
-    assert (url.hostname, url.port, url.path) == ("postgres", 5432, f"/{postgres['POSTGRES_DB']}")
-    assert (url.username, url.password) == (postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"])
+    assert (url.hostname, url.port, url.path) == ("postgres", 5432, "/kf")
+    # The application connects as the role that may only append to and read the log; only the one-shot
+    # that applies migrations knows the owner's password.
+    assert (url.username, url.password) == ("kf_app", ROLE_PASSWORDS["kf_app"])
+    if name == "migrate":
+        owner = urlsplit(environment["KF_DATABASE_OWNER_URL"])
+        assert (owner.hostname, owner.port, owner.path) == ("postgres", 5432, "/kf")
+        assert (owner.username, owner.password) == ("kf_owner", ROLE_PASSWORDS["kf_owner"])
+    else:
+        assert "KF_DATABASE_OWNER_URL" not in environment
     assert environment["KF_TEMPORAL_ADDRESS"] == "temporal:7233"
+
+
+def test_postgres_creates_the_event_logs_roles_and_database(services: dict[str, Any]) -> None:
+    mounted = {volume.split(":")[1]: volume.split(":")[0] for volume in services["postgres"]["volumes"]}
+    script = ROOT / mounted["/docker-entrypoint-initdb.d/10-kf-roles.sql"]
+    assert script.is_file()
+    assert "CREATE DATABASE kf OWNER kf_owner;" in script.read_text()
 
 
 def test_healthchecks_gate_every_dependency(services: dict[str, Any]) -> None:
@@ -83,10 +104,13 @@ def test_healthchecks_gate_every_dependency(services: dict[str, Any]) -> None:
     assert services["migrate"]["command"] == ["up"]
 
 
-def test_the_commented_gpu_worker_reserves_an_nvidia_gpu(gpu_worker: dict[str, Any], services: dict[str, Any]) -> None:
+def test_the_gpu_worker_reserves_an_nvidia_gpu(gpu_worker: dict[str, Any], services: dict[str, Any]) -> None:
     devices = gpu_worker["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
-    assert gpu_worker["command"][0] == "worker"
+    # Only with `--profile gpu`: a host without the NVIDIA Container Toolkit starts the rest as before.
+    assert gpu_worker["profiles"] == ["gpu"]
+    assert gpu_worker["command"] == ["worker", "--no-control"]
+    assert "compute" in gpu_worker["environment"]["NVIDIA_DRIVER_CAPABILITIES"]
     assert (
         gpu_worker["environment"]["KF_TEMPORAL_ADDRESS"] == services["worker-cpu"]["environment"]["KF_TEMPORAL_ADDRESS"]
     )
@@ -100,26 +124,15 @@ def test_the_image_runs_kf() -> None:
     assert re.search(r"^USER (?!root)", dockerfile, re.MULTILINE)
 
 
-def with_gpu_worker_enabled() -> str:
-    text = COMPOSE.read_text()
-    start, end = text.index("# --- worker-gpu"), text.index("# --- end worker-gpu ---")
-    enabled = "\n".join(re.sub(r"^  # ?", "  ", line) for line in text[start:end].splitlines()[1:])
-    return text[:start] + enabled.lstrip() + "\n" + text[end:]
-
-
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
-@pytest.mark.parametrize("gpu", [False, True], ids=["as-shipped", "gpu-worker-enabled"])
-def test_docker_compose_accepts_the_file(tmp_path: Path, gpu: bool) -> None:
-    compose = COMPOSE
-    if gpu:
-        compose = tmp_path / "docker-compose.yml"
-        compose.write_text(with_gpu_worker_enabled())
+@pytest.mark.parametrize("profile", [[], ["--profile", "gpu"]], ids=["as-shipped", "gpu-profile"])
+def test_docker_compose_accepts_the_file(profile: list[str]) -> None:
     result = subprocess.run(
-        ["docker-compose", "-f", str(compose), "config"],
+        ["docker-compose", "-f", str(COMPOSE), *profile, "config"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert ("worker-gpu:" in result.stdout) is gpu
+    assert "worker-gpu:" in result.stdout

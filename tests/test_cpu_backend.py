@@ -21,7 +21,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kf-cache")
 
 
-@pytest.mark.parametrize("name", builtin_problems())
+@pytest.mark.parametrize("name", builtin_problems("cpu"))
 def test_seed_of_every_problem_compiles_to_a_cached_artifact(name: str, cache: Path) -> None:
     problem = load_problem(name)
     first = compile_source(problem, problem.seed_source(), cache_dir=cache)

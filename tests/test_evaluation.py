@@ -43,7 +43,7 @@ def perturbed_seed(problem: Problem) -> str:
     )
 
 
-@pytest.mark.parametrize("name", builtin_problems())
+@pytest.mark.parametrize("name", builtin_problems("cpu"))
 def test_seed_kernel_validates_ok(name: str, cache: Path) -> None:
     problem = load_problem(name)
     report = validate_artifact(problem, artifact(problem, problem.seed_source(), cache), cache_dir=cache)
@@ -55,7 +55,7 @@ def test_seed_kernel_validates_ok(name: str, cache: Path) -> None:
     assert planned + shapes <= report.trials <= planned + 2 * shapes
 
 
-@pytest.mark.parametrize("name", builtin_problems())
+@pytest.mark.parametrize("name", builtin_problems("cpu"))
 def test_wrong_kernel_is_incorrect(name: str, cache: Path) -> None:
     problem = load_problem(name)
     report = validate_artifact(problem, artifact(problem, perturbed_seed(problem), cache), seeds=1, cache_dir=cache)

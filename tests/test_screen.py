@@ -134,7 +134,7 @@ def test_a_forbidden_verdict_is_cached(cache: Path) -> None:
     assert again.screen == first.screen and again.error_category == first.error_category
 
 
-@pytest.mark.parametrize("name", builtin_problems())
+@pytest.mark.parametrize("name", builtin_problems("cpu"))
 def test_seeds_pass_the_screen(name: str, cache: Path) -> None:
     problem = load_problem(name)
     result = compile_source(problem, problem.seed_source(), cache_dir=cache)
@@ -160,7 +160,7 @@ def covering_settings(problem: Problem, seed: int = 0) -> list[dict[str, Any]]:
     return chosen
 
 
-@pytest.mark.parametrize("name", builtin_problems())
+@pytest.mark.parametrize("name", builtin_problems("cpu"))
 def test_template_settings_pass_the_screen(name: str, cache: Path) -> None:
     problem = load_problem(name)
     if problem.template_source() is None:

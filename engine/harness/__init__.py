@@ -2,6 +2,8 @@
 
 Where to look:
 
+- which backend judges a target: ``backend.py`` (``cpu…`` targets: the modules below; ``cuda-sm…``: the
+  ``cuda/`` package, built with NVRTC anywhere and judged on the GPU);
 - how a candidate is built: ``cpu.py`` (the CPU backend: compiler, flags, artifact cache), ``includes.py``
   (which ``#include`` paths are refused) and ``screen.py`` (what a built library may contain and import);
 - where it runs: ``sandbox.py`` (limits, namespaces, the supervisor's side) with ``init.py`` (the sandbox's

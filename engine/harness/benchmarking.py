@@ -53,6 +53,7 @@ from engine.harness.validation import (
     TrialRunner,
     address_space_limit,
     compare_output,
+    output_values,
     plan_trials,
     trial_seed,
 )
@@ -489,7 +490,7 @@ def _time_shape(
     rows = timer.rounds(after_candidate)
     after_candidate(-1)  # the candidate's very last timed call, too
     for reply, data in fetched:
-        evidence = _check_timed_output(problem, shape, distribution, reply, data, kept)
+        evidence = check_timed_output(problem, shape, distribution, reply, data, kept)
         if evidence is not None:
             return rows, evidence
     return rows, None
@@ -511,15 +512,15 @@ def _checked_rounds(rng: random.Random) -> set[int]:
     return {0, *rng.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 2)}
 
 
-def _check_timed_output(
+def check_timed_output(
     problem: Problem,
     shape: dict[str, int],
     distribution: str,
-    reply: p.Reply,
+    reply: BaseModel,
     data: bytearray,
     kept: dict[int, dict[str, Any]],
 ) -> CaseEvidence | None:
-    """The output of a timed candidate call, against the reference of the inputs it read."""
+    """The output of a timed candidate call, against the reference of the inputs it read (CPU and CUDA alike)."""
     if not isinstance(reply, p.Outputs) or reply.seed < 0:
         return CaseEvidence(
             phase="benchmark", check="timed_output", shape=shape, message="no timed candidate output came back"
@@ -550,7 +551,8 @@ def _check_timed_output(
                 message=f"the output {q.name} of a timed call did not come back intact",
             )
         atol, rtol = problem.tolerance(q.dtype, shape, inputs)
-        passed, fields = compare_output(q.name, array, reference[q.name], atol, rtol)
+        values, expected = output_values(problem, q.name, array, reference[q.name])
+        passed, fields = compare_output(q.name, values, expected, atol, rtol)
         if not passed:
             fields["message"] = "during timing: " + fields["message"]
             return CaseEvidence(

@@ -2,11 +2,13 @@
 
 The workflow's activities call the three steps separately (each on its own queue, each recorded as an
 event); ``kf evaluate`` and tests call :func:`evaluate`, which chains them and stops at the first verdict
-that is not ok::
+that is not ok. Each step goes through the target's backend (engine.harness.backend); on a CPU::
 
     compile_source(problem, source, flags)            -> CompileResult      (engine.harness.cpu)
     validate_artifact(problem, artifact_id, ...)      -> ValidationReport   (engine.harness.validation)
     benchmark_artifact(problem, artifact_id, refs...) -> [BenchmarkReport]  (engine.harness.benchmarking)
+
+and on a GPU (``cuda-sm90``…) ``compile_cuda`` (engine.harness.cuda.compile) and the GPU judge.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.harness.backend import Backend, backend_for
 from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact
-from engine.harness.cpu import DEFAULT_FLAGS, compile_source
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import (
     BenchmarkReport,
@@ -44,11 +46,16 @@ __all__ = [
 BASELINE_CHOICES = ("reference", "numpy", "seed")
 
 
-def resolve_baseline(problem: Problem, baseline: str, *, cache_dir: Path | None = None) -> Reference:
-    """The reference point named by ``baseline``: ``reference`` (or ``numpy``) for the problem's numpy
-    baseline, ``seed`` for its naive seed kernel, or the path of a C file (compiled with the default flags)."""
+def resolve_baseline(
+    problem: Problem, baseline: str, *, cache_dir: Path | None = None, backend: Backend | None = None
+) -> Reference:
+    """The reference point named by ``baseline``: ``reference`` (or ``numpy``) for the problem's library
+    baseline (numpy; on a GPU its CuPy ``cuda_baseline``), ``seed`` for its naive seed kernel, or the path of a
+    source file (compiled with the backend's default flags). ``backend``: the CPU's unless given."""
+    backend = backend or backend_for("cpu")
+    problem = backend.problem(problem)
     if baseline in ("reference", "numpy"):
-        return Reference(kind="numpy", label="numpy")
+        return backend.library_reference
     if baseline == "seed":
         source, label = problem.seed_source(), "seed"
     else:
@@ -59,7 +66,7 @@ def resolve_baseline(problem: Problem, baseline: str, *, cache_dir: Path | None 
                 "pass reference, seed or the path of a .c file"
             )
         source, label = path.read_text(), path.name
-    compiled = compile_source(problem, source, DEFAULT_FLAGS, cache_dir=cache_dir)
+    compiled = backend.compile(problem, source, None, cache_dir=cache_dir)
     if compiled.verdict != Verdict.ok or compiled.artifact_id is None:
         raise UserError(f"baseline {label!r} does not compile ({compiled.error_category}): {compiled.first_error}")
     return Reference(kind="artifact", artifact_id=compiled.artifact_id, label=label)
@@ -77,20 +84,24 @@ def evaluate(
     seed: int = 0,
     cache_dir: Path | None = None,
     isolation: str = "auto",
+    target: str = "cpu",
 ) -> Evaluation:
-    """Compile, validate and benchmark ``source`` against ``baseline``; see :func:`resolve_baseline`."""
+    """Compile, validate and benchmark ``source`` against ``baseline`` on ``target`` (``cpu``, ``cuda-sm90``…);
+    see :func:`resolve_baseline`."""
     if isinstance(problem, str):
         problem = load_problem(problem)
-    reference = resolve_baseline(problem, baseline, cache_dir=cache_dir)
-    compiled = compile_source(problem, source, flags, cache_dir=cache_dir)
+    backend = backend_for(target)
+    problem = backend.problem(problem)
+    reference = resolve_baseline(problem, baseline, cache_dir=cache_dir, backend=backend)
+    compiled = backend.compile(problem, source, flags, cache_dir=cache_dir)
     result = Evaluation(verdict=compiled.verdict, problem=problem.name, compile=compiled)
     if compiled.verdict != Verdict.ok or compiled.artifact_id is None:
         return _with_evidence(result)
-    validation = validate_artifact(
+    validation = backend.validate(
         problem,
         compiled.artifact_id,
         seeds=seeds,
-        base_seed=seed,
+        seed=seed,
         threads=threads,
         cache_dir=cache_dir,
         isolation=isolation,
@@ -98,7 +109,7 @@ def evaluate(
     result = result.model_copy(update={"verdict": validation.verdict, "validation": validation})
     if validation.verdict != Verdict.ok:
         return _with_evidence(result)
-    (report,) = benchmark_artifact(
+    (report,) = backend.benchmark(
         problem,
         compiled.artifact_id,
         [reference],

@@ -11,6 +11,9 @@ reads whatever file the sandbox's user may read. :func:`include_refusal` rejects
 - a computed include (``#include MACRO``, ``__has_include(MACRO)``), whose target cannot be checked;
 - the assembler's ``.incbin``, which reads a file into the object just the same.
 
+With ``headers=False`` (the CUDA backend: NVRTC has no header folders here, and a CUDA kernel needs none)
+every file directive and operator is refused, whatever it names.
+
 The C preprocessor sees a directive after undoing trigraphs (``??=`` is ``#``; only in strict ``-std=c*``
 modes, so the check is run both with and without them) and line splices (backslash-newline, which GCC also
 accepts with blanks before the newline), with comments counting as blanks: ``#inc\\<newline>lude``,
@@ -44,6 +47,10 @@ _BLANK = " \t\f\v"
 # Longer than any path the kernel accepts (PATH_MAX): a name not closed by then is not a file name.
 _NAME_LIMIT = 4096
 _FIX = "include only system headers by name, such as #include <math.h>, or a header beside the source by plain name"
+_FIX_NO_HEADERS = (
+    "CUDA sources include no headers: write what you need in the source (bfloat16 conversions with shifts and "
+    "__uint_as_float; intrinsics such as __shfl_xor_sync, __ldg and __expf are built in)"
+)
 
 
 @dataclass(frozen=True)
@@ -79,18 +86,19 @@ class _Text:
         return self.closes[k] + 2 if k < len(self.closes) else len(self.text)
 
 
-def include_refusal(source: str) -> str | None:
+def include_refusal(source: str, *, headers: bool = True) -> str | None:
     """Why ``source`` may not be compiled -- the offending directive, its line and the fix -- or None when
-    every directive names a header the rule allows (see the module docstring)."""
+    every directive names a header the rule allows (see the module docstring); ``headers=False`` allows none."""
     for trigraphs in (False, True):
         logical = _logical_text(source, trigraphs)
-        refusals = sorted([*_directive_refusals(logical), *_keyword_refusals(logical)], key=lambda r: r.start)
+        found = [*_directive_refusals(logical, headers), *_keyword_refusals(logical, headers)]
+        refusals = sorted(found, key=lambda r: r.start)
         if refusals:
             first, text = refusals[0], logical.text
             start, end = text.rfind("\n", 0, first.start) + 1, logical.line_end(first.target)
             excerpt = " ".join(text[start:end].split())
             excerpt = excerpt if len(excerpt) <= 160 else excerpt[:157] + "..."
-            return f"line {logical.lines[first.start]}: `{excerpt}` {first.why}; {_FIX}"
+            return f"line {logical.lines[first.start]}: `{excerpt}` {first.why}; {_FIX if headers else _FIX_NO_HEADERS}"
     return None
 
 
@@ -157,7 +165,9 @@ def _target(logical: _Text, i: int) -> tuple[str, str] | None:
     return text[start:end], closing
 
 
-def _unsafe(path: str) -> str | None:
+def _unsafe(path: str, headers: bool) -> str | None:
+    if not headers:
+        return "includes a file, which a CUDA source may not"
     if path.startswith("/"):
         return "names an absolute path"
     if ".." in path.split("/"):
@@ -177,7 +187,7 @@ def _directive_starts(logical: _Text) -> Iterator[int]:
             yield i + 2
 
 
-def _directive_refusals(logical: _Text) -> Iterator[_Refusal]:
+def _directive_refusals(logical: _Text, headers: bool) -> Iterator[_Refusal]:
     text = logical.text
     for hash_end in _directive_starts(logical):
         start, i = hash_end - 1, _skip_blanks(logical, hash_end, newlines=False)
@@ -199,11 +209,11 @@ def _directive_refusals(logical: _Text) -> Iterator[_Refusal]:
             yield _Refusal(start, i, f"is a computed #{name} (a macro), whose target cannot be checked")
         elif target[1] == "unterminated":
             yield _Refusal(start, i, f"is an #{name} whose file name is not closed on its line")
-        elif why := _unsafe(target[0]):
+        elif why := _unsafe(target[0], headers):
             yield _Refusal(start, i, why)
 
 
-def _keyword_refusals(logical: _Text) -> Iterator[_Refusal]:
+def _keyword_refusals(logical: _Text, headers: bool) -> Iterator[_Refusal]:
     for match in _ANYWHERE.finditer(logical.text):
         keyword, i = match.group(1), _skip_blanks(logical, match.end(), newlines=True)
         if keyword == "incbin":
@@ -221,5 +231,5 @@ def _keyword_refusals(logical: _Text) -> Iterator[_Refusal]:
             target = _target(logical, i)
             if target is None:
                 continue  # prose or code: only a quoted name after the keyword is a file name
-        if why := _unsafe(target[0]):
+        if why := _unsafe(target[0], headers):
             yield _Refusal(match.start(), i, why)

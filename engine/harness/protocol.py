@@ -17,7 +17,7 @@ import os
 import select
 import struct
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
@@ -31,6 +31,7 @@ EXIT_WORKER_ERROR = 6
 # A frame's JSON header may not exceed this; anything larger is garbage, not a message.
 MAX_HEADER_BYTES = 1 << 20
 _LENGTH = struct.Struct("<I")
+MessageT = TypeVar("MessageT")
 
 
 class ParamSpec(BaseModel):
@@ -294,6 +295,24 @@ def read_reply(fd: int, deadline: float | None) -> tuple[Reply, bytearray]:
     if size < 0 or size > (1 << 34):
         raise ProtocolError(f"a reply announced {size} payload bytes")
     return reply, _read_exactly(fd, size, deadline) if size else bytearray()
+
+
+def read_message(
+    fd: int, adapter: TypeAdapter[MessageT], deadline: float | None, *, what: str = "message"
+) -> tuple[MessageT, bytearray]:
+    """The next message of the union ``adapter`` validates, and its payload: the framing of
+    :func:`read_command` and :func:`read_reply` for another set of messages (engine/harness/cuda/messages.py).
+    ProtocolError / ChannelClosed / ChannelTimeout as they raise."""
+    header = _read_header(fd, deadline)
+    try:
+        message = adapter.validate_json(header)
+    except ValidationError as error:
+        preview = json.dumps(header[:80].decode(errors="replace"))
+        raise ProtocolError(f"not a {what} of the harness: {preview} ({error.errors()[0]['msg']})") from None
+    size = getattr(message, "payload_bytes", 0)
+    if size < 0 or size > (1 << 34):
+        raise ProtocolError(f"a {what} announced {size} payload bytes")
+    return message, _read_exactly(fd, size, deadline) if size else bytearray()
 
 
 def pending(fd: int) -> bool:

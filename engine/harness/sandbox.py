@@ -504,9 +504,12 @@ class Sandbox:
         unprivileged: bool | None = None,
         pin: bool = True,
         exclusive_wait_s: float = 0.0,
+        env: dict[str, str] | None = None,
     ) -> None:
-        """``unprivileged``: run commands as ``nobody`` (when this process is root). None: where that user
-        can run this Python and numpy (probed), else the harness worker drops to it late (:attr:`late_drop`);
+        """``env``: variables added to the clean environment (the CUDA child's CUDA_VISIBLE_DEVICES…; never
+        the caller's secrets). ``unprivileged``: run commands as ``nobody`` (when this process is root). None:
+        where that user can run this Python and numpy (probed), else the harness worker drops to it late
+        (:attr:`late_drop`);
         True: always, for commands that need neither (the compiler); False: never (uid 0 without
         capabilities). ``pin``: lease ``threads`` CPUs (``cpus`` to choose them), waiting up to
         ``exclusive_wait_s`` for ones no other sandbox holds; False: any CPU (the compiler)."""
@@ -522,6 +525,7 @@ class Sandbox:
         elif unprivileged:
             self.drop_to = _unprivileged_ids()
         self.threads = threads
+        self.extra_env = dict(env or {})
         self.lease: CpuLease | None = None
         if cpus is not None:
             self.cpus = list(cpus)
@@ -594,6 +598,7 @@ class Sandbox:
             # Idle OpenMP workers sleep instead of spinning, so they are not "running after return".
             "OMP_WAIT_POLICY": "PASSIVE",
         }
+        env.update(self.extra_env)
         if self.isolation == Isolation.process_group:
             env[TOKEN_VARIABLE] = self.token
         return env

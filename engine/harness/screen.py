@@ -37,8 +37,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
 from pydantic import BaseModel, Field
 
 
@@ -216,7 +214,7 @@ def screen_library(path: Path) -> ScreenResult:
     machine, libm = host_machine(), libm_exports()
     try:
         with path.open("rb") as stream:
-            elf = ELFFile(stream)
+            elf = _elf_file(stream)
             wrong = _not_a_library_here(elf, machine)
             if wrong:
                 return ScreenResult(violations=[_not_elf(path, wrong)])
@@ -247,7 +245,7 @@ def host_machine() -> str:
     for executable in ("/proc/self/exe", sys.executable):
         try:
             with open(executable, "rb") as stream:
-                return str(ELFFile(stream)["e_machine"])
+                return str(_elf_file(stream)["e_machine"])
         except Exception:  # not Linux, or an interpreter that is a script: try the next one
             continue
     raise RuntimeError("cannot tell this machine's ELF architecture: neither /proc/self/exe nor sys.executable is ELF")
@@ -286,15 +284,26 @@ def _ldconfig_paths(name: str) -> list[Path]:
 def _machine_of(path: Path) -> str | None:
     try:
         with path.open("rb") as stream:
-            return str(ELFFile(stream)["e_machine"])
+            return str(_elf_file(stream)["e_machine"])
     except Exception:
         return None
 
 
+def _elf_file(stream: Any) -> Any:
+    """pyelftools' reader of the ELF file open in ``stream``."""
+    # Imported on first use: verdicts.py imports this module (ScreenViolation), and the CUDA judge, which screens
+    # no ELF library, runs on GPU machines where pyelftools is not installed.
+    from elftools.elf.elffile import ELFFile
+
+    return ELFFile(stream)
+
+
 @functools.cache
 def _exports_of(library: Path) -> frozenset[str]:
+    from elftools.elf.sections import SymbolTableSection
+
     with library.open("rb") as stream:
-        dynsym = ELFFile(stream).get_section_by_name(".dynsym")
+        dynsym = _elf_file(stream).get_section_by_name(".dynsym")
         if not isinstance(dynsym, SymbolTableSection):
             raise RuntimeError(f"{library} has no .dynsym: it cannot be this machine's libm")
         return frozenset(

@@ -28,15 +28,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+from pydantic import BaseModel
 
 from engine.harness import protocol as p
 from engine.harness.driver import ArtifactNotFound, Contender, Failed, SandboxFailure
 from engine.harness.sandbox import CpuLease, SandboxLimits
 from engine.harness.verdicts import CaseEvidence, ValidationReport, Verdict
-from engine.problems import DTYPES, Problem
+from engine.problems import DTYPES, Problem, bf16_to_float32, float32_to_bf16
 
 __all__ = ["ArtifactNotFound", "SandboxFailure", "validate_artifact"]
 
@@ -130,6 +131,17 @@ def compare_output(
     return False, evidence
 
 
+def output_values(problem: Problem, name: str, got: np.ndarray, reference: Any) -> tuple[np.ndarray, np.ndarray]:
+    """An output and its reference as :func:`compare_output` takes them. A ``bfloat16`` output (stored as its
+    bits) is decoded to float32 (Problem.decode_output) and its reference rounded to bfloat16 first, which is
+    what "rounded to the output dtype" means for it; any other output is returned unchanged."""
+    param = next((q for q in problem.params if q.name == name), None)
+    if param is None or param.dtype != "bfloat16":
+        return got, np.asarray(reference)
+    rounded = bf16_to_float32(float32_to_bf16(np.asarray(reference, dtype=np.float32)))
+    return problem.decode_output(name, got), rounded
+
+
 def _jsonable(value: float) -> float | None:
     # NaN/inf do not survive JSON event payloads; the message keeps the exact text.
     return value if np.isfinite(value) else None
@@ -220,7 +232,8 @@ class TrialChecker:
         reference = problem.reference(inputs, trial.shape)
         for q in problem.outputs:
             atol, rtol = problem.tolerance(q.dtype, trial.shape, inputs)
-            passed, fields = compare_output(q.name, outputs[q.name], reference[q.name], atol, rtol)
+            got, expected = output_values(problem, q.name, outputs[q.name], reference[q.name])
+            passed, fields = compare_output(q.name, got, expected, atol, rtol)
             if not passed:
                 if note:
                     fields["message"] = f"{note}: {fields['message']}"
@@ -257,14 +270,26 @@ def _perturbed(problem: Problem, trial: Trial, inputs: dict[str, Any]) -> tuple[
     return None
 
 
+class TrialChannel(Protocol):
+    """The worker a TrialRunner talks to: a CPU contender (engine/harness/driver.py) or the CUDA child
+    (engine/harness/cuda/child.py, ModuleTrials), which both answer a Trial with its regions (TrialDone)."""
+
+    def post(self, command: BaseModel, *payload: bytes | memoryview, what: str = "a call") -> None: ...
+
+    def collect(self, *, timeout: float, what: str = "a call") -> tuple[BaseModel, bytearray]: ...
+
+
 class TrialRunner:
     """Sends trials to a candidate's worker and judges them; one per sandboxed run."""
 
-    def __init__(self, problem: Problem, contender: Contender, call_timeout_s: float) -> None:
+    def __init__(
+        self, problem: Problem, contender: TrialChannel, call_timeout_s: float, guard_bytes: int = GUARD_BYTES
+    ) -> None:
+        """``guard_bytes``: the guard before and after every array (a GPU's are larger: cuda/layout.py)."""
         self.problem = problem
         self.contender = contender
         self.call_timeout_s = call_timeout_s
-        self.guard = np.random.default_rng().integers(0, 256, GUARD_BYTES, dtype=np.uint8).tobytes()
+        self.guard = np.random.default_rng().integers(0, 256, guard_bytes, dtype=np.uint8).tobytes()
         self.checker = TrialChecker(problem, self.guard)
         self.current: Trial | None = None
 
@@ -295,7 +320,7 @@ class TrialRunner:
         """The regions of the trial posted last, by parameter name."""
         reply, data = self.contender.collect(timeout=self.call_timeout_s)
         if not isinstance(reply, p.TrialDone) or reply.id != trial.id:
-            raise Failed(Verdict.forbidden, "protocol", f"a trial was answered with {reply.kind}")
+            raise Failed(Verdict.forbidden, "protocol", f"a trial was answered with {getattr(reply, 'kind', reply)}")
         regions, offset = {}, 0
         for spec in reply.regions:
             regions[spec.name] = np.frombuffer(data, dtype=np.uint8, count=spec.nbytes, offset=offset)

@@ -30,6 +30,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from engine.hardware import HardwareFingerprint
+from engine.harness.cuda.ptxas import PtxasReport
 from engine.harness.screen import ScreenViolation
 
 
@@ -51,7 +52,10 @@ class CompileResult(BaseModel):
     """The outcome of compiling one source with one set of flags into a shared library."""
 
     verdict: Verdict = Field(
-        description="ok, compile_error, or forbidden when the built library failed the screen (see screen)."
+        description=(
+            "ok, compile_error, or forbidden when the built library failed the screen (see screen); harness_error "
+            "when the compiler's sandbox failed or the compiler was killed from outside (never cached)."
+        )
     )
     artifact_id: str | None = Field(
         default=None,
@@ -61,8 +65,10 @@ class CompileResult(BaseModel):
         default=None,
         description=(
             "Why it failed: syntax, undeclared, type, wrong_signature, missing_entry, disallowed_flag, include "
-            "(a refused or missing #include), linker, timeout, compiler_crash, other, or forbidden_<kind> "
-            "(forbidden_constructor, forbidden_symbol…: the screen's first violation)."
+            "(a refused or missing #include), linker, timeout, compiler_crash, no_compiler, other, or "
+            "forbidden_<kind> (forbidden_constructor, forbidden_symbol…: the screen's first violation). CUDA "
+            "also: launch_spec (a missing or malformed `// kf-launch:` line), launch_limit (a shape's launch "
+            "beyond the architecture's limits, named in first_error) and ptxas (ptxas refused the code)."
         ),
     )
     first_error: str | None = Field(default=None, description="The first error line, or the harness's message.")
@@ -73,9 +79,16 @@ class CompileResult(BaseModel):
     )
     flags: list[str] = Field(default_factory=list, description="The candidate's flags, as given and allowed.")
     compiler: str = Field(default="", description="Compiler version line.")
-    target: str = Field(default="", description="CPU target the artifact was built for.")
+    target: str = Field(default="", description="Target the artifact was built for (cpu-…, cuda-sm90…).")
     cached: bool = Field(default=False, description="True when the result came from the artifact cache.")
     seconds: float = Field(default=0.0, description="Wall-clock seconds spent (0 for a cache hit).")
+    ptxas: PtxasReport | None = Field(
+        default=None,
+        description=(
+            "CUDA: ptxas's report of the entry (registers, spills, shared memory, stack) when it compiled; "
+            "None for CPU builds and for sources that did not reach ptxas."
+        ),
+    )
 
 
 class CaseEvidence(BaseModel):
@@ -170,6 +183,14 @@ class BenchmarkReport(BaseModel):
         ),
     )
     seconds: float = Field(default=0.0, description="Wall-clock seconds spent (shared by all references).")
+    roofline_fraction: float | None = Field(
+        default=None,
+        description=(
+            "How close the candidate came to the physical bound: the weighted geometric mean over shapes of "
+            "roofline_ns / candidate_ns (1.0 is at the bound). On a GPU the bound is bytes moved / the measured "
+            "HBM bandwidth, so this is the HBM roofline fraction; None where no bound was computed."
+        ),
+    )
 
 
 class Evaluation(BaseModel):

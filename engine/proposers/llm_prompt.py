@@ -47,7 +47,18 @@ ROLE_TASKS: dict[str, str] = {
 
 def system_prompt(problem: Problem, target: str, role: Role) -> str:
     """The standing instructions: who the model is, the rules a kernel must follow and the reply format."""
-    language = "CUDA C++" if target.startswith("cuda") else "C (C11)"
+    cuda = target.startswith("cuda")
+    language = "CUDA C++" if cuda else "C (C11)"
+    headers = [f"- Include only these headers: {', '.join(sorted(ALLOWED_INCLUDES))}."]
+    if cuda:
+        # The CUDA backend refuses any #include and launches the kernel from its own `kf-launch` line
+        # (engine/harness/cuda/launch.py): a candidate without one cannot run.
+        headers = [
+            "- No #include at all: write helpers yourself (bfloat16 arrays are unsigned short bit patterns,",
+            "  widened with __uint_as_float(h << 16)); built-ins such as __shfl_xor_sync, __ldg, exp2f need none.",
+            "- Give the launch in exactly one line, expressions over the size names with + - * // % min max cdiv:",
+            "  `// kf-launch: grid=(cdiv(rows, 4), 1, 1) block=(128, 1, 1) shared=0` (shared: dynamic bytes).",
+        ]
     return "\n".join(
         [
             f"You are an expert performance engineer writing {language} compute kernels for target {target}.",
@@ -57,7 +68,7 @@ def system_prompt(problem: Problem, target: str, role: Role) -> str:
             f"- Define exactly `{problem.signature}` with external linkage; keep the ABI unchanged.",
             "- Write every element of every output; never read or write past a buffer; inputs are read-only.",
             "- Handle every size, including 1 and sizes that are not multiples of your unroll or vector width.",
-            f"- Include only these headers: {', '.join(sorted(ALLOWED_INCLUDES))}.",
+            *headers,
             "- No I/O, no system calls, no processes, threads, files, sockets, environment or dynamic loading;",
             "  no main(). The harness times and validates the kernel itself.",
             "",

@@ -67,9 +67,34 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
 }
 
 
+# The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long. The seed is the
+# recurrence, one thread per state column; the template is the chunked (WY) form.
+CUDA_ENTRY = "kda"
+CUDA_SEED = "seed.cu"
+CUDA_TEMPLATE = "template.cu"
+CUDA_TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "THREADS": [128, 256],
+    "DVB": [16, 32, 64],
+    "CHUNK": [16, 32],
+    "SOLVE": ["forward", "wy"],
+}
+# Prefill-sized sequences over many heads: enough blocks for a GPU, and a seed that still runs in milliseconds.
+CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
+    ({"T": 1024, "H": 16, "DK": 128, "DV": 128}, 2.0),
+    ({"T": 2048, "H": 8, "DK": 64, "DV": 64}, 1.0),
+    ({"T": 512, "H": 32, "DK": 128, "DV": 64}, 1.0),
+]
+
+
 def template_allows(params: dict[str, Any]) -> bool:
     """A block narrower than one 512-bit vector leaves half of each vector idle."""
     return not (params["VEC"] == 512 and params["DVB"] < 16)
+
+
+def cuda_template_allows(params: dict[str, Any]) -> bool:
+    """Every setting fits the smallest shared memory of the CUDA targets (99 KiB: sm_86, sm_89, sm_120) at
+    DK = 128, whose chunk of 32 steps leaves no room for 64 columns."""
+    return not (params["CHUNK"] == 32 and params["DVB"] == 64)
 
 
 def tolerance_for(dtype: str, shape: dict[str, int], inputs: dict[str, Any]) -> dict[str, float]:
@@ -156,6 +181,19 @@ def reference(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.nda
 def baseline(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
     """What a numpy user writes: a float32 loop over T, every head at once in each step."""
     return _recurrence(inputs, np.float32)
+
+
+def cuda_baseline(cp: Any, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
+    """What a CuPy user writes: the float32 recurrence stepped from Python, every head at once per step."""
+    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+    state = inputs["state"].copy()
+    o = cp.empty_like(v)
+    for t in range(shape["T"]):
+        state *= cp.exp(g[t])[:, :, None]
+        kv = cp.einsum("hk,hkv->hv", k[t], state)
+        state += (beta[t][:, None] * k[t])[:, :, None] * (v[t] - kv)[:, None, :]
+        o[t] = cp.einsum("hk,hkv->hv", q[t], state)
+    return {"o": o, "state": state}
 
 
 def roofline(shape: dict[str, int]) -> dict[str, int]:

@@ -50,11 +50,34 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "NT": [0, 1],
 }
 EPS = 1e-6
+# The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long.
+CUDA_ENTRY = "rmsnorm"
+CUDA_SEED = "seed.cu"
+CUDA_TEMPLATE = "template.cu"
+CUDA_TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "THREADS": [128, 256, 512, 1024],
+    "ROWS": [1, 4],
+    "VEC": [1, 4],
+    "KEEP": [0, 16],
+    "NT": [0, 1],
+}
+# Each call reads and writes 256 MiB, far beyond any GPU's L2: HBM-bound. The short rows (256) are where
+# several rows per block pay.
+CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
+    ({"rows": 16384, "cols": 4096}, 2.0),
+    ({"rows": 65536, "cols": 1024}, 1.0),
+    ({"rows": 262144, "cols": 256}, 1.0),
+]
 
 
 def template_allows(params: dict[str, Any]) -> bool:
     """Explicit accumulators (ACC > 1) replace the omp simd reduction, so they exclude SIMD."""
     return not (params["ACC"] > 1 and params["SIMD"] == 1)
+
+
+def cuda_template_allows(params: dict[str, Any]) -> bool:
+    """Several rows per block are for short rows: at most 256 threads shared by 4 rows (32 or 64 each)."""
+    return params["ROWS"] == 1 or params["THREADS"] <= 256
 
 
 def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generator) -> dict[str, Any]:
@@ -108,6 +131,12 @@ def baseline(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndar
     """What a numpy user writes; speedups are quoted against this."""
     x, w, eps = inputs["x"], inputs["w"], inputs["eps"]
     return {"y": x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w}
+
+
+def cuda_baseline(cp: Any, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
+    """What a CuPy user writes; GPU speedups are quoted against this."""
+    x, w, eps = inputs["x"], inputs["w"], inputs["eps"]
+    return {"y": x / cp.sqrt(cp.mean(x * x, axis=1, keepdims=True) + eps) * w}
 
 
 def roofline(shape: dict[str, int]) -> dict[str, int]:

@@ -45,9 +45,34 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
 }
 
 
+# The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long.
+CUDA_ENTRY = "softmax"
+CUDA_SEED = "seed.cu"
+CUDA_TEMPLATE = "template.cu"
+CUDA_TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "THREADS": [128, 256, 512, 1024],
+    "VEC": [1, 4],
+    "REDUCE": ["warp", "smem"],
+    "ONLINE": [0, 1],
+    "KEEP": [0, 16],
+}
+# Each call reads and writes 256 MiB, far beyond any GPU's L2: HBM-bound, as in a model's prefill.
+CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
+    ({"rows": 16384, "cols": 4096}, 2.0),
+    ({"rows": 65536, "cols": 1024}, 1.0),
+    ({"rows": 4096, "cols": 16384}, 1.0),
+]
+
+
 def template_allows(params: dict[str, Any]) -> bool:
     """Restrictions on the template's parameter space (none for softmax)."""
     return True
+
+
+def cuda_template_allows(params: dict[str, Any]) -> bool:
+    """A kept row is reduced from registers whatever ONLINE says, and a row too long to keep is best streamed
+    with the online pass: KEEP goes with ONLINE=1 only."""
+    return params["KEEP"] == 0 or params["ONLINE"] == 1
 
 
 def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generator) -> dict[str, Any]:
@@ -77,6 +102,13 @@ def baseline(inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndar
     """What a numpy user writes; speedups are quoted against this."""
     x = inputs["x"]
     e = np.exp(x - x.max(axis=1, keepdims=True))
+    return {"y": e / e.sum(axis=1, keepdims=True)}
+
+
+def cuda_baseline(cp: Any, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
+    """What a CuPy user writes; GPU speedups are quoted against this."""
+    x = inputs["x"]
+    e = cp.exp(x - x.max(axis=1, keepdims=True))
     return {"y": e / e.sum(axis=1, keepdims=True)}
 
 

@@ -1,0 +1,228 @@
+"""The CUDA backend on this machine's GPU: a short search per CUDA problem, in-process (no Temporal, no database).
+
+    python bench/cuda.py [--json] [--json-out PATH] [--problems softmax,rmsnorm] [--minutes 5] [--candidates 8]
+
+For every built-in problem with a CUDA kernel (or those named): compile, validate and keep the seed kernel;
+then, until the problem's share of ``--minutes`` is mostly spent, template instances drawn at random (seeded)
+from the problem's CUDA_TEMPLATE_PARAMS, each compiled with NVRTC, validated on the GPU and timed against the
+incumbent; one that is faster with its whole interval above 1 + PROMOTION_MARGIN becomes the incumbent.
+Finally the incumbent is timed against the seed and the library baseline (CuPy) with a longer budget:
+
+- speedup_vs_seed, speedup_vs_library: ratio and interval (library: or why it was skipped), by problem;
+- hbm_fraction: the incumbent's fraction of the HBM roofline (bytes moved / measured bandwidth), by problem;
+- the GPU's fingerprint and measured HBM bandwidth.
+
+Every figure is printed with the command that reproduces it. Without a GPU it prints why it skipped (with
+``--json``: ``{"skipped": "..."}``) and exits 0. Progress goes to stderr; the figures (or the JSON) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Run as a script, this file's folder comes first on the import path, and this file is then the module
+# `cuda`, hiding cuda-python's package (here and in every child that inherits the path): drop the folder.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from engine.targets import scan_gpus  # noqa: E402 - after the path set-up
+
+# A template instance replaces the incumbent when its whole interval clears this margin.
+PROMOTION_MARGIN = 0.02
+# The search's share of a problem's time; the rest is the final benchmark and slack.
+SEARCH_SHARE = 0.7
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def template_sample(problem: Any, count: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Up to ``count`` distinct template settings the problem allows, in a random (seeded) order."""
+    space = problem.template_params
+    if not space:
+        return []
+    settings = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
+    allowed = [s for s in settings if problem.template_allows(s)]
+    rng.shuffle(allowed)
+    return allowed[:count]
+
+
+def figure(report: Any) -> dict[str, Any]:
+    """A benchmark report as a figure: ratio and interval, or why there is none."""
+    if str(report.verdict) != "ok":
+        return {"skipped": report.message, "verdict": str(report.verdict)}
+    return {
+        "ratio": report.speedup,
+        "ci_low": report.ci_low,
+        "ci_high": report.ci_high,
+        "confidence": report.confidence,
+    }
+
+
+def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One problem's short search and final benchmark; the figures and what the search did."""
+    from engine.harness.benchmarking import Reference
+    from engine.problems import load_problem
+
+    started = time.monotonic()
+    problem = backend.problem(load_problem(name))
+    record: dict[str, Any] = {"problem": name, "tried": 0, "compiled": 0, "correct": 0, "promoted": []}
+
+    def build(source: str, label: str) -> str | None:
+        compiled = backend.compile(problem, source)
+        if str(compiled.verdict) != "ok" or not compiled.artifact_id:
+            say(f"  [{name}] {label}: compile {compiled.verdict}: {compiled.first_error}")
+            return None
+        record["compiled"] += 1
+        validated = backend.validate(problem, compiled.artifact_id, seed=args.seed)
+        if str(validated.verdict) != "ok":
+            say(f"  [{name}] {label}: validation {validated.verdict}: {validated.message}")
+            return None
+        record["correct"] += 1
+        return str(compiled.artifact_id)
+
+    seed_id = build(problem.seed_source(), "seed")
+    if seed_id is None:
+        record["error"] = "the seed kernel did not compile or validate (see the lines above)"
+        return record
+    incumbent, incumbent_label = seed_id, "seed"
+    rng = random.Random(args.seed)
+    for params in template_sample(problem, args.candidates, rng):
+        if time.monotonic() - started > SEARCH_SHARE * seconds:
+            break
+        record["tried"] += 1
+        label = " ".join(f"{key}={value}" for key, value in params.items())
+        artifact = build(problem.render_template(params), label)
+        if artifact is None:
+            continue
+        (report,) = backend.benchmark(
+            problem,
+            artifact,
+            [Reference(kind="artifact", artifact_id=incumbent, label="incumbent")],
+            budget_s=args.budget,
+            # One seed for every benchmark of the problem: the judge keeps the (large) input sets it drew.
+            seed=args.seed,
+        )
+        say(f"  [{name}] {label}: {report.message}")
+        if str(report.verdict) == "ok" and report.ci_low > 1 + PROMOTION_MARGIN:
+            incumbent, incumbent_label = artifact, label
+            record["promoted"].append({"params": params, "ratio": report.speedup, "ci_low": report.ci_low})
+    references = [Reference(kind="artifact", artifact_id=seed_id, label="seed"), backend.library_reference]
+    versus_seed, versus_library = backend.benchmark(
+        problem, incumbent, references, budget_s=args.final_budget, seed=args.seed
+    )
+    record |= {
+        "best": incumbent_label,
+        "speedup_vs_seed": figure(versus_seed),
+        "speedup_vs_library": figure(versus_library),
+        "hbm_fraction": versus_seed.roofline_fraction,
+        "gpu": versus_seed.hardware.gpu.model_dump(mode="json") if versus_seed.hardware.gpu else None,
+        "seconds": time.monotonic() - started,
+    }
+    if str(versus_seed.verdict) != "ok":
+        record["error"] = f"final benchmark: {versus_seed.verdict}: {versus_seed.message}"
+    return record
+
+
+def reproduce(argv: list[str], problem: str) -> str:
+    """The command that makes one problem's figures again: these arguments, for that problem alone."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--problems", "--json-out"):
+            skip = True
+        elif not arg.startswith(("--problems=", "--json-out=")) and arg != "--json":
+            kept.append(arg)
+    return shlex.join([Path(sys.executable).name, "bench/cuda.py", *kept, "--problems", problem])
+
+
+def text_of(value: dict[str, Any] | None) -> str:
+    if not value:
+        return "n/a"
+    if "skipped" in value:
+        return f"skipped ({value['verdict']}: {value['skipped']})"
+    return f"{value['ratio']:.3f}x [{value['ci_low']:.3f}, {value['ci_high']:.3f}] at {value['confidence']:.0%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON document to PATH")
+    parser.add_argument("--problems", default="", help="comma-separated CUDA problems (default: every one)")
+    parser.add_argument("--minutes", type=float, default=5.0, help="wall time over all problems (default 5)")
+    parser.add_argument("--candidates", type=int, default=8, help="template instances per problem at most")
+    parser.add_argument("--budget", type=float, default=0.5, help="timing budget per candidate, seconds")
+    parser.add_argument("--final-budget", type=float, default=2.0, help="timing budget of the final benchmark")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler and of the inputs")
+    args = parser.parse_args(argv)
+    given = list(argv if argv is not None else sys.argv[1:])
+    command = shlex.join([Path(sys.executable).name, "bench/cuda.py", *given])
+
+    scan = scan_gpus()
+    if not scan.gpus:
+        reason = f"no GPU: {scan.reason}"
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps({"skipped": reason}))
+        print(json.dumps({"skipped": reason}) if args.json else f"bench/cuda.py skipped: {reason}")
+        return 0
+
+    from engine.harness.backend import backend_for
+    from engine.problems import builtin_problems
+
+    gpu = scan.gpus[0]
+    backend = backend_for(gpu.target)
+    names = [n for n in args.problems.split(",") if n] or builtin_problems("cuda")
+    say(f"{command}: {gpu.name} ({gpu.target}), problems {names}, {args.minutes:g} min")
+    share = 60 * args.minutes / max(1, len(names))
+    records = []
+    for name in names:
+        say(f"[{name}] searching for {share:.0f}s")
+        try:
+            records.append(search(backend, name, share, args))
+        except Exception as error:  # one problem's failure must not hide the others' figures
+            records.append({"problem": name, "error": f"{type(error).__name__}: {error}"})
+            say(f"[{name}] failed: {type(error).__name__}: {error}")
+    fingerprint = next((r["gpu"] for r in records if r.get("gpu")), None)
+    bandwidth = fingerprint.get("hbm_bandwidth_gbs") if fingerprint else None
+    document = {
+        "command": command,
+        "gpu": fingerprint,
+        "hbm_bandwidth_gbs": bandwidth,
+        "hbm_fraction": {r["problem"]: r.get("hbm_fraction") for r in records},
+        "speedup_vs_seed": {r["problem"]: r.get("speedup_vs_seed") for r in records},
+        "speedup_vs_library": {r["problem"]: r.get("speedup_vs_library") for r in records},
+        "problems": records,
+    }
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(document, indent=1, default=str))
+    if args.json:
+        print(json.dumps(document, indent=1, default=str))
+    else:
+        print(f"GPU: {json.dumps(fingerprint)}  <- {command}")
+        print(f"hbm_bandwidth_gbs: {bandwidth}  <- {command}")
+        for r in records:
+            again = reproduce(given, r["problem"])
+            if "error" in r:
+                print(f"[{r['problem']}] ERROR: {r['error']}  <- {again}")
+            if "speedup_vs_seed" in r:
+                print(f"[{r['problem']}] best: {r['best']}  <- {again}")
+                print(f"[{r['problem']}] speedup_vs_seed: {text_of(r['speedup_vs_seed'])}  <- {again}")
+                print(f"[{r['problem']}] speedup_vs_library: {text_of(r['speedup_vs_library'])}  <- {again}")
+                fraction = r["hbm_fraction"]
+                print(f"[{r['problem']}] hbm_fraction: {fraction:.3f}  <- {again}" if fraction is not None else "")
+    return 1 if any("error" in r for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
