@@ -21,7 +21,7 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -106,13 +106,16 @@ def outage_tolerant(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[
     return run
 
 
-def _harness_failure(result: object) -> str | None:
+def _harness_failure(result: object, optional: Collection[str] = ()) -> str | None:
     """What the judge says went wrong with itself (not with the kernel), or None: a compile, validation or
     benchmark result with verdict harness_error (a sandboxed process killed from outside, a reference point
-    that failed) is never recorded as the kernel's outcome."""
+    that failed) is never recorded as the kernel's outcome. Benchmark reports against the ``optional``
+    references (the GPU's library baseline, which a machine without CuPy cannot time) do not count."""
     for item in result if isinstance(result, list) else [result]:
         if isinstance(item, CompileResult) and item.verdict == Verdict.harness_error:
             return item.first_error or "the compiler's sandbox failed"
+        if isinstance(item, BenchmarkReport) and item.reference in optional:
+            continue
         if isinstance(item, ValidationReport | BenchmarkReport) and item.verdict == Verdict.harness_error:
             return item.message
     return None
@@ -390,8 +393,11 @@ class SearchActivities:
         backend = self._backend(step)
         artifact_id = self._artifact(step)
         await self._fetch(artifact_id, backend)
-        # The library baseline: numpy on a CPU, the problem's CuPy baseline on a GPU.
-        references: list[Reference] = [backend.library_reference]
+        # The library baseline: numpy on a CPU, the problem's CuPy baseline on a GPU. On a GPU it is optional:
+        # a worker without CuPy cannot time it, and retrying the step elsewhere would not change that.
+        library = backend.library_reference
+        references: list[Reference] = [library]
+        optional = (library.label,) if backend.kind == "cuda" else ()
         if step.incumbent_artifact_id:
             # The incumbent was built by whichever worker compiled it, maybe generations ago.
             await self._fetch(step.incumbent_artifact_id, backend)
@@ -408,24 +414,28 @@ class SearchActivities:
                     seed=step.seed,
                     confidence=step.confidence,
                     cache_dir=self.cache_dir,
-                )
+                ),
+                optional,
             )
         except ArtifactNotFound as error:  # left the cache since it was fetched
             raise artifact_unavailable(str(error)) from None
         versus = reports[0]
         numpy_report = reports[-1]
-        verdict = next((str(r.verdict) for r in reports if str(r.verdict) != "ok"), "ok")
+        untimed = numpy_report.reference in optional and numpy_report.verdict == Verdict.harness_error
+        judged = reports[:-1] if untimed else reports
+        verdict = next((str(r.verdict) for r in judged if str(r.verdict) != "ok"), "ok")
         output = StepOutput(
             step="benchmark",
             verdict=verdict,
             event_id=event_id,
             artifact_id=artifact_id,
-            ratio=versus.speedup,
-            ratio_ci_low=versus.ci_low,
-            ratio_ci_high=versus.ci_high,
-            speedup=numpy_report.speedup,
-            speedup_ci_low=numpy_report.ci_low,
-            speedup_ci_high=numpy_report.ci_high,
+            # With no incumbent the ratio is over the library baseline, which a worker without CuPy has not timed.
+            ratio=None if untimed and not judged else versus.speedup,
+            ratio_ci_low=None if untimed and not judged else versus.ci_low,
+            ratio_ci_high=None if untimed and not judged else versus.ci_high,
+            speedup=None if untimed else numpy_report.speedup,
+            speedup_ci_low=None if untimed else numpy_report.ci_low,
+            speedup_ci_high=None if untimed else numpy_report.ci_high,
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,
         )
@@ -541,19 +551,19 @@ class SearchActivities:
         result = await _beating(asyncio.to_thread(work))
         return result, time.perf_counter() - began
 
-    async def _judging(self, work: Callable[[], T]) -> tuple[T, float]:
+    async def _judging(self, work: Callable[[], T], optional: Collection[str] = ()) -> tuple[T, float]:
         """Run a judgement (compile, validation, timing) like :meth:`_heartbeating`. A harness failure -- a
         sandboxed process killed from outside (the OOM killer, an operator), a reference point that failed:
         nothing the kernel can be shown to have caused -- is run once more, in a fresh sandbox (each run builds
         its own), before anything is concluded. A second one fails the step with HarnessError, which Temporal
         retries (here or on another worker): never a verdict, never recorded as the kernel's outcome."""
         result, seconds = await self._heartbeating(work)
-        failure = _harness_failure(result)
+        failure = _harness_failure(result, optional)
         if failure is None:
             return result, seconds
         activity.logger.warning("the harness failed, not the kernel (%s); running it again in a fresh sandbox", failure)
         result, again = await self._heartbeating(work)
-        failure = _harness_failure(result)
+        failure = _harness_failure(result, optional)
         if failure is not None:
             raise ApplicationError(f"the harness failed twice, not the kernel: {failure}", type="HarnessError")
         return result, seconds + again

@@ -356,3 +356,19 @@ async def test_a_crash_from_sigkill_in_an_older_log_is_neither_counted_nor_reuse
     history = await load_search_history(store, "search-older")
     assert history.candidates[seed.candidate_id].verdict == "harness_error"
     assert history.verdict_counts == {}
+
+
+def test_an_untimed_gpu_library_baseline_is_not_a_harness_failure() -> None:
+    """A GPU worker without CuPy cannot time the library baseline; retrying elsewhere would not help, so that
+    report alone does not fail the step, while any other reference's harness_error still does."""
+    from activities.search import _harness_failure
+    from engine.harness.verdicts import BenchmarkReport, Verdict
+
+    def report(reference: str, verdict: Verdict) -> BenchmarkReport:
+        return BenchmarkReport.model_construct(verdict=verdict, reference=reference, message=f"{reference} {verdict}")
+
+    untimed = [report("incumbent", Verdict.ok), report("cupy", Verdict.harness_error)]
+    assert _harness_failure(untimed, optional=("cupy",)) is None
+    assert _harness_failure(untimed) == "cupy harness_error"
+    broken = [report("incumbent", Verdict.harness_error), report("cupy", Verdict.ok)]
+    assert _harness_failure(broken, optional=("cupy",)) == "incumbent harness_error"
