@@ -230,6 +230,7 @@ class _Kernel:
         self.params = document["params"]
         self.folder = document["problem_folder"]
         self.problem: Any = None
+        self.max_shared = 48 * 1024  # the driver's default; cuFuncSetAttribute sets it, the last value wins
 
     def run(self, block: int) -> None:
         if self.problem is None:
@@ -290,6 +291,8 @@ def cuModuleGetFunction(module: _Kernel, name: bytes) -> tuple[Any, ...]:
 
 
 def cuFuncSetAttribute(function: _Kernel, attribute: Any, value: int) -> tuple[Any, ...]:
+    if int(attribute) == CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        function.max_shared = int(value)
     return _ok()
 
 
@@ -310,6 +313,8 @@ def cuLaunchKernel(
         return (STATE.sticky,)
     if function.behaviour == "refused" or bx * by * bz > 1024:
         return (CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,)
+    if shared > function.max_shared:  # as the driver: more dynamic shared memory than the function allows
+        return (CUresult.CUDA_ERROR_INVALID_VALUE,)
     if function.behaviour in ("hang", "fault"):
         STATE.pending = function.behaviour
         return (OK,)

@@ -643,3 +643,26 @@ def test_a_library_baseline_that_fails_is_left_out_with_its_reason(folders: dict
     )
     assert seed.verdict == Verdict.ok, seed.message
     assert library.verdict == Verdict.harness_error and "CUDA headers not found for the JIT" in library.message
+
+
+def test_the_shared_memory_allowance_only_grows_across_shapes() -> None:
+    """A kernel whose shapes need 97 KiB, then 56, then 97 again of dynamic shared memory: the function's
+    allowance (the last value set wins) must still cover the third launch. Setting it once per size, as the
+    first GPU run did, left 56 KiB set and the device refused the launch (CUDA_ERROR_INVALID_VALUE)."""
+    import cuda_driver_double as double
+
+    from engine.harness.cuda.device import Gpu
+    from engine.harness.cuda.worker import Module
+
+    gpu = Gpu.__new__(Gpu)
+    gpu.d = double
+    module = Module.__new__(Module)
+    module.function = double._Kernel({"behaviour": "refused-never", "params": [], "problem_folder": ""})
+    module.shared_allowed = 0
+    for shared in (98944, 57728, 98944, 40000):
+        launch = m.LaunchDims(grid=(4, 16, 1), block=(256, 1, 1), shared_bytes=shared)
+        module.prepare(gpu, launch)  # type: ignore[arg-type]
+        assert shared <= module.function.max_shared, (shared, module.function.max_shared)
+    assert double.cuLaunchKernel(module.function, 1, 1, 1, 256, 1, 1, 200_000, None, 0, 0) == (
+        double.CUresult.CUDA_ERROR_INVALID_VALUE,
+    )

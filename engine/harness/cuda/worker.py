@@ -73,12 +73,15 @@ class Module:
     def __init__(self, gpu: Gpu, image: bytes, entry: str) -> None:
         self.module = gpu.load_module(image)
         self.function = gpu.function(self.module, entry)
-        self.prepared_shared: set[int] = set()
+        self.shared_allowed = 0
 
     def prepare(self, gpu: Gpu, launch: m.LaunchDims) -> None:
-        if launch.shared_bytes not in self.prepared_shared:
+        # The function's dynamic shared memory attribute is a maximum, and the last value set wins: only ever
+        # raise it. (Setting it per launch size, once each, broke shapes needing 97 KiB, then 56, then 97
+        # again: the third launch found 56 set and the device refused it with CUDA_ERROR_INVALID_VALUE.)
+        if launch.shared_bytes > self.shared_allowed:
             gpu.prepare_launch(self.function, launch)
-            self.prepared_shared.add(launch.shared_bytes)
+            self.shared_allowed = launch.shared_bytes
 
 
 class Worker:
