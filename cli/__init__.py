@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from engine.errors import UserError
 
@@ -58,5 +61,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def entry() -> NoReturn:
+    """The ``kf`` command: :func:`main`, then leave without the interpreter's shutdown.
+
+    Why: Temporal's Python client can crash while the interpreter tears down its runtime's threads
+    (temporalio/sdk-python#300: SIGSEGV or "Fatal Python error: PyGILState_Release", after the command has
+    printed its result), and the crash would replace the exit status scripts rely on. Everything a command
+    must finish (its output, files, services it leaves running) is done by the time main returns; only
+    the output buffers and log handlers are left to flush."""
+    status = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # `kf … | head` closed the pipe: the output is not wanted
+            pass
+    logging.shutdown()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
