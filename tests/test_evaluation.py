@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,19 @@ def test_paired_statistics() -> None:
     first, second = rng.normal(100.0, 2.0, 300), rng.normal(100.0, 2.0, 300)
     both, _ = speedup_with_intervals([(first * 1.5, first), (second * 3.0, second)], [1.0, 1.0], noise_floor=0.0)
     assert both.ratio == pytest.approx((1.5 * 3.0) ** 0.5)
+
+
+def test_run_level_floor_is_common_to_every_shape() -> None:
+    """A contender's process serves every shape, so its run-level effect does not average down across shapes:
+    with rounds that carry no noise, the speedup's interval is as wide as one shape's, however many shapes."""
+    flat = np.full(200, 100.0)
+    floor = 0.02
+    one, _ = speedup_with_intervals([(flat, flat)], [1.0], noise_floor=floor, resamples=4000)
+    eight, shapes = speedup_with_intervals([(flat, flat)] * 8, [1.0] * 8, noise_floor=floor, resamples=4000)
+    expected = math.exp(1.96 * floor)
+    for estimate in (one, eight, *shapes):
+        assert estimate.ci_high == pytest.approx(expected, rel=0.005)
+        assert estimate.ci_low == pytest.approx(1 / expected, rel=0.005)
 
 
 def test_cli_evaluate(
