@@ -200,6 +200,7 @@ class SearchActivities:
                         "spec": start.spec.model_dump(mode="json"),
                         "problem_fingerprint": output.problem_fingerprint,
                         "family": problem.family,
+                        "problem_name": problem.name,
                         "seed_candidate_id": seed_id,
                         "resumed_from": start.spec.resume_from,
                         "resumed_seen": len(output.seen),
@@ -229,7 +230,9 @@ class SearchActivities:
             return recorded
         # Lessons of every search so far (this one's earlier generations included): priors for the search
         # proposer, the summary for LLM prompts. Recent failures are for the fixer.
-        lessons = await lessons_for(self.store, request.spec.problem, request.target)
+        lessons = await lessons_for(
+            self.store, problem.name, request.target, parameters=set(problem.template_params) or None
+        )
         own_events = await self.store.read_stream(stream_of(request.search_id))
         context = ProposalContext(
             search_id=request.search_id,

@@ -9,7 +9,7 @@ from typing import Any
 
 from cli.options import problem_name, target
 from engine.connections import database_url
-from engine.evidence.lessons import Lessons, known_lessons, lessons_for
+from engine.evidence.lessons import Lessons, family_targets, known_lessons, lessons_for, problem_key
 from engine.evidence.store import EventStore
 
 
@@ -45,9 +45,13 @@ async def collect_lessons(url: str, problem: str | None, target: str | None) -> 
     try:
         pairs = await known_lessons(store, target)
         if problem is not None:
-            pairs = [(p, t) for p, t in pairs if p == problem]
-            if not pairs and target is not None:
-                pairs = [(problem, target)]  # nothing yet: say so for exactly what was asked
+            problem = problem_key(problem)
+            if target is not None:
+                pairs = [(problem, target)]  # its own lessons, its family's, or none yet: said for what was asked
+            else:
+                # Every target where the problem or its family has lessons: a problem never searched itself
+                # still learns from its relatives.
+                pairs = [(problem, t) for t in await family_targets(store, problem)]
         return [await lessons_for(store, p, t, catch_up=False) for p, t in pairs]
     finally:
         await store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -315,3 +316,42 @@ async def test_migration_0004_refolds_the_older_events_into_lesson_settings(
 
     assert await catch_up_lessons(store, page_size=7) == reached
     assert await view_rows(store) == expected
+
+
+async def test_lessons_are_keyed_by_the_problem_name_never_its_folder(
+    store: EventStore, fresh_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import asyncio
+    import json
+    import shutil
+
+    from cli import lessons as cli
+
+    folder = tmp_path / "checkout" / "my_softmax"
+    shutil.copytree(load_problem("softmax").folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    await record_random_search(store, "s-name", "softmax", seed=4, generations=2)
+    named_only = await lessons_for(store, "softmax", TARGET)
+    # A search started with the folder's path, recorded as before search.started carried problem_name.
+    await record_random_search(store, "s-path", str(folder), seed=3, generations=2)
+    by_name = await lessons_for(store, "softmax", TARGET)
+    assert by_name.candidates > named_only.candidates
+    assert await lessons_for(store, str(folder), TARGET) == by_name
+    rows = await store.pool.fetch("SELECT DISTINCT problem FROM lesson_stats")
+    assert [r["problem"] for r in rows] == ["softmax"]
+
+    # `kf lessons --problem rmsnorm` without --target: rmsnorm was never searched, its family was.
+    parser = argparse.ArgumentParser(prog="kf")
+    cli.register(parser.add_subparsers())
+
+    def kf(*argv: str) -> int:
+        args = parser.parse_args(["lessons", "--database-url", fresh_db_url, *argv])
+        return int(args.handler(args))
+
+    assert await asyncio.to_thread(kf, "--problem", "rmsnorm", "--json") == 0
+    [family] = json.loads(capsys.readouterr().out)["lessons"]
+    assert family["problem"] == "rmsnorm" and family["target"] == TARGET
+    assert family["candidates"] == 0 and family["family_candidates"] == by_name.candidates
+    assert await asyncio.to_thread(kf, "--problem", str(folder), "--json") == 0
+    [own] = json.loads(capsys.readouterr().out)["lessons"]
+    assert own["problem"] == "softmax" and own["candidates"] == by_name.candidates

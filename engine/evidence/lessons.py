@@ -213,8 +213,17 @@ class _Row:
         self.log_speedup: list[float] = list(record["log_speedup_samples"])
 
 
-async def lessons_for(store: EventStore, problem: str, target: str, *, catch_up: bool = True) -> Lessons:
-    """The lessons for ``problem`` on ``target`` (``cpu`` means this machine's CPU target).
+async def lessons_for(
+    store: EventStore,
+    problem: str,
+    target: str,
+    *,
+    catch_up: bool = True,
+    parameters: set[str] | None = None,
+) -> Lessons:
+    """The lessons for ``problem`` (its NAME; a folder path is mapped to the name it declares) on ``target``
+    (``cpu`` means this machine's CPU target). ``parameters``: the problem's template parameters, when the
+    caller has the problem loaded (otherwise it is loaded by name, which only finds built-in problems).
 
     Catches the projection up first, so the answer includes every event appended before the call; pass
     ``catch_up=False`` to read the view as it stands (cheaper when the caller just caught it up)."""
@@ -223,6 +232,7 @@ async def lessons_for(store: EventStore, problem: str, target: str, *, catch_up:
     else:
         position = await checkpoint_of(store.pool, PROJECTION)
     target = _resolved(target)
+    problem = problem_key(problem)
     family = await _family(store, problem)
     stats = [
         _Row(r)
@@ -241,7 +251,29 @@ async def lessons_for(store: EventStore, problem: str, target: str, *, catch_up:
         family,
         target,
     )
-    return build_lessons(problem, family, target, int(position or 0), stats, failures, _parameters(problem), settings)
+    known = parameters if parameters is not None else _parameters(problem)
+    return build_lessons(problem, family, target, int(position or 0), stats, failures, known, settings)
+
+
+def problem_key(problem: str) -> str:
+    """The key lessons are stored under for a problem given by name or folder: its NAME. A name that is no
+    folder here is taken as it is (lessons can be read on a machine without the problem's folder)."""
+    if "/" not in problem and not problem.startswith("."):
+        return problem
+    from engine.problems import load_problem
+
+    try:
+        return load_problem(problem).name
+    except UserError:
+        return problem.rstrip("/").rsplit("/", 1)[-1] or problem
+
+
+async def family_targets(store: EventStore, problem: str) -> list[str]:
+    """The targets on which ``problem``'s family has lessons (its own or its relatives'); catches up first."""
+    await catch_up_lessons(store)
+    family = await _family(store, problem_key(problem))
+    rows = await store.pool.fetch("SELECT DISTINCT target FROM lesson_stats WHERE family = $1 ORDER BY target", family)
+    return [r["target"] for r in rows]
 
 
 async def known_lessons(store: EventStore, target: str | None = None) -> list[tuple[str, str]]:

@@ -217,10 +217,13 @@ class _Fold:
             return
         payload = event.payload
         spec = payload.get("spec") or {}
-        problem = str(spec.get("problem", ""))
-        if not problem:
+        given = str(spec.get("problem", ""))
+        if not given:
             return
-        family = payload.get("family") or _family_of(problem)
+        # Keyed by the problem's name, never the folder path a search was started with (older events carry
+        # only the path: the problem is loaded to learn its name).
+        problem = str(payload.get("problem_name") or _name_of(given))
+        family = payload.get("family") or _family_of(given)
         self.searches[event.stream_id] = _Search(
             problem=problem,
             family=str(family),
@@ -588,6 +591,17 @@ def _candidate_from_row(row: asyncpg.Record) -> _Candidate:
 def params_of(value: Any) -> dict[str, Any]:
     """A jsonb params column as a dict (asyncpg returns jsonb as text without a codec)."""
     return dict(json.loads(value) if isinstance(value, str) else value)
+
+
+def _name_of(problem: str) -> str:
+    """The NAME of the problem a search.started event names by name or folder; for events written before
+    search.started carried problem_name."""
+    from engine.problems import load_problem
+
+    try:
+        return load_problem(problem).name
+    except UserError:
+        return problem.rstrip("/").rsplit("/", 1)[-1] or problem
 
 
 def _family_of(problem: str) -> str:
