@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "cli.worker",
     "cli.search",
     "cli.lessons",
+    "cli.problem",
     "cli.demo",
 ]
 

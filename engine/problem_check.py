@@ -1,0 +1,310 @@
+"""``kf problem check PATH``: the generic checks a problem folder must pass before a search can trust it.
+
+A search is only as honest as its problem: a tolerance so loose that a half-precision kernel passes, or a
+baseline that fails its own tolerance, or a seed that takes a microsecond (all launch overhead) makes every
+figure after it meaningless. Each check here is one such property, run on the user's folder:
+
+- ``loads``: problem.py declares what docs/problems.md asks (the loader's own checks);
+- ``baseline``: the numpy baseline, what a float32 numpy user writes, is within the tolerance of the
+  float64 reference on every validation shape, distribution and two seeds (guards the tolerance from below);
+- ``half_precision`` and ``bf16``: the baseline's answer rounded to float16 / bfloat16 fails the tolerance
+  on at least half the validation shapes (guards it from above: a kernel computing in low precision must
+  be caught);
+- ``skipped_element``: the reference of inputs with one element zeroed (a kernel that skips an element of
+  its loop) fails the tolerance on at least one validation trial;
+- ``seed``: the seed kernel compiles and validates ``ok`` in the sandbox;
+- ``template``: a seeded sample of allowed template settings (plus the first and last of the space) each
+  compiles and validates ``ok``;
+- ``seed_timing``: one call of the seed on each benchmark shape takes between :data:`MIN_CALL_NS` and
+  :data:`MAX_CALL_NS` (docs/problems.md: "about 0.1 to 5 ms"), so timings measure the kernel, not the
+  call, and a search's budget buys enough rounds.
+
+Each check reports ``ok``, ``failed`` (with a message naming the fix) or ``skipped`` (with why).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from engine.errors import UserError
+from engine.problems import Problem, bf16_to_float32, float32_to_bf16, load_problem
+
+MIN_CALL_NS = 50_000.0
+"""Shortest seed call on a benchmark shape that still measures the kernel rather than the call (0.05 ms)."""
+MAX_CALL_NS = 20_000_000.0
+"""Longest seed call on a benchmark shape that leaves a search's budget enough rounds (20 ms)."""
+TEMPLATE_SAMPLE = 4
+"""Random allowed template settings compiled and validated, besides the first and the last."""
+PURE_CHECKS = 4
+"""The first checks, which run only the problem's own Python (an exception there is the problem's fault)."""
+
+
+class CheckResult(BaseModel):
+    """The outcome of one generic check of a problem folder."""
+
+    name: str = Field(description="The check, e.g. baseline or seed_timing (see engine/problem_check.py).")
+    status: Literal["ok", "failed", "skipped"] = Field(description="ok, failed, or skipped (message says why).")
+    message: str = Field(description="What was checked, and on failure what is wrong and how to fix it.")
+
+
+class ProblemCheck(BaseModel):
+    """Every check of one problem folder."""
+
+    problem: str = Field(description="The problem's NAME ('' when it did not load).")
+    folder: str = Field(description="The folder checked, as given.")
+    checks: list[CheckResult] = Field(description="In the order they ran.")
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != "failed" for c in self.checks)
+
+
+def _worst_ratio(
+    problem: Problem, got: dict[str, np.ndarray], ref: dict[str, np.ndarray], shape: dict[str, int], inputs: Any
+) -> float:
+    """max |got − ref| / (atol + rtol·|ref|) over every output (≤ 1 passes; NaN counts as failing)."""
+    worst = 0.0
+    for param in problem.outputs:
+        atol, rtol = problem.tolerance(param.dtype, shape, inputs)
+        value = problem.decode_output(param.name, np.asarray(got[param.name]))
+        expected = np.asarray(ref[param.name], dtype=np.float64)
+        diff = np.abs(np.asarray(value, dtype=np.float64) - expected)
+        ratio = diff / (atol + rtol * np.abs(expected))
+        worst = max(worst, float(np.nan_to_num(ratio, nan=np.inf).max(initial=0.0)))
+    return worst
+
+
+def check_baseline(problem: Problem) -> CheckResult:
+    for shape in problem.validation_shapes:
+        for distribution in problem.distributions:
+            for seed in (0, 1):
+                inputs = problem.make_inputs(shape, distribution, seed)
+                worst = _worst_ratio(
+                    problem, problem.baseline(inputs, shape), problem.reference(inputs, shape), shape, inputs
+                )
+                if worst > 1.0:
+                    return CheckResult(
+                        name="baseline",
+                        status="failed",
+                        message=(
+                            f"the numpy baseline is off by {worst:.3g}x the tolerance on {shape} {distribution} "
+                            f"seed {seed}: widen TOLERANCES (or tolerance_for) to what float32 numpy achieves, or "
+                            "fix baseline()/reference()"
+                        ),
+                    )
+    trials = len(problem.validation_shapes) * len(problem.distributions) * 2
+    return CheckResult(name="baseline", status="ok", message=f"within tolerance on all {trials} trials")
+
+
+def _rounded(values: np.ndarray, precision: str) -> np.ndarray:
+    as32 = np.asarray(values, dtype=np.float32)
+    if precision == "float16":
+        return as32.astype(np.float16).astype(np.float32)
+    return bf16_to_float32(float32_to_bf16(as32))
+
+
+def check_low_precision(problem: Problem, precision: Literal["float16", "bfloat16"]) -> CheckResult:
+    name = "half_precision" if precision == "float16" else "bf16"
+    floats = [p for p in problem.outputs if p.dtype == "float32"]
+    if not floats:
+        return CheckResult(name=name, status="skipped", message="no float32 output to round")
+    failed = 0
+    for shape in problem.validation_shapes:
+        inputs = problem.make_inputs(shape, problem.distributions[0], 0)
+        got = problem.baseline(inputs, shape)
+        rounded = {k: (_rounded(v, precision) if v.dtype == np.float32 else v) for k, v in got.items()}
+        failed += _worst_ratio(problem, rounded, problem.reference(inputs, shape), shape, inputs) > 1.0
+    needed = max(1, len(problem.validation_shapes) // 2)
+    if failed >= needed:
+        return CheckResult(
+            name=name,
+            status="ok",
+            message=f"{precision} answers fail on {failed} of {len(problem.validation_shapes)} shapes",
+        )
+    return CheckResult(
+        name=name,
+        status="failed",
+        message=(
+            f"a {precision} answer passes the tolerance on {len(problem.validation_shapes) - failed} of "
+            f"{len(problem.validation_shapes)} validation shapes (fails on {failed}, needs {needed}): the tolerance "
+            "cannot catch a kernel computing in low precision; tighten TOLERANCES or add larger validation shapes"
+        ),
+    )
+
+
+def check_skipped_element(problem: Problem) -> CheckResult:
+    arrays = [p for p in problem.params if p.role in ("in", "inout") and p.dtype.startswith("float")]
+    if not arrays:
+        return CheckResult(name="skipped_element", status="skipped", message="no floating-point input array")
+    for shape in problem.validation_shapes:
+        for distribution in problem.distributions:
+            inputs = problem.make_inputs(shape, distribution, 0)
+            for param in arrays:
+                array = np.asarray(inputs[param.name])
+                if array.size < 2:
+                    continue
+                skipped = dict(inputs)
+                changed = array.copy()
+                # The last element, as a loop with an off-by-one bound would leave it out.
+                changed.reshape(-1)[-1] = 0
+                skipped[param.name] = changed
+                ref = problem.reference(inputs, shape)
+                if _worst_ratio(problem, problem.reference(skipped, shape), ref, shape, inputs) > 1.0:
+                    return CheckResult(
+                        name="skipped_element",
+                        status="ok",
+                        message=f"skipping the last element of {param.name} fails on {shape} {distribution}",
+                    )
+    return CheckResult(
+        name="skipped_element",
+        status="failed",
+        message=(
+            "no validation trial catches a kernel that skips the last element of an input: add validation "
+            "shapes where every element matters (odd sizes, one row) or tighten the tolerance"
+        ),
+    )
+
+
+def _validated(problem: Problem, source: str, what: str, cache_dir: Path | None) -> str | None:
+    """None when ``source`` compiles and validates ok; otherwise what went wrong."""
+    from engine.harness.cpu import compile_source
+    from engine.harness.validation import validate_artifact
+    from engine.harness.verdicts import Verdict
+
+    compiled = compile_source(problem, source, cache_dir=cache_dir)
+    if compiled.verdict != Verdict.ok or compiled.artifact_id is None:
+        return f"{what} does not compile ({compiled.verdict.value}): {compiled.first_error}"
+    report = validate_artifact(problem, compiled.artifact_id, seeds=1, cache_dir=cache_dir)
+    if report.verdict != Verdict.ok:
+        return f"{what} is {report.verdict.value}: {report.message}"
+    return None
+
+
+def check_seed(problem: Problem, cache_dir: Path | None) -> CheckResult:
+    wrong = _validated(problem, problem.seed_source(), "the seed", cache_dir)
+    if wrong:
+        return CheckResult(name="seed", status="failed", message=f"{wrong}; fix {problem.folder / 'seed.c'}")
+    return CheckResult(name="seed", status="ok", message="compiles and validates ok")
+
+
+def template_sample(problem: Problem, count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """The first and last allowed settings of the template space and ``count`` random ones between."""
+    from engine.proposers.random_template import template_space
+
+    space = template_space(problem)
+    if len(space) <= count + 2:
+        return space
+    picks = random.Random(seed).sample(range(1, len(space) - 1), count)
+    return [space[0], *(space[i] for i in sorted(picks)), space[-1]]
+
+
+def check_template(problem: Problem, cache_dir: Path | None) -> CheckResult:
+    if problem.template_source() is None:
+        return CheckResult(name="template", status="skipped", message="the problem declares no TEMPLATE")
+    sample = template_sample(problem, TEMPLATE_SAMPLE)
+    for params in sample:
+        wrong = _validated(problem, problem.render_template(params), f"the template setting {params}", cache_dir)
+        if wrong:
+            return CheckResult(
+                name="template",
+                status="failed",
+                message=f"{wrong}; fix the template or exclude the setting in template_allows()",
+            )
+    return CheckResult(name="template", status="ok", message=f"{len(sample)} sampled settings compile and validate ok")
+
+
+def check_seed_timing(problem: Problem, cache_dir: Path | None) -> CheckResult:
+    from engine.harness.benchmarking import Reference, benchmark_artifact
+    from engine.harness.cpu import compile_source
+    from engine.harness.verdicts import Verdict
+
+    compiled = compile_source(problem, problem.seed_source(), cache_dir=cache_dir)
+    if compiled.artifact_id is None:
+        return CheckResult(name="seed_timing", status="skipped", message="the seed does not compile")
+    (report,) = benchmark_artifact(
+        problem, compiled.artifact_id, [Reference(kind="numpy", label="numpy")], budget_s=0.5, cache_dir=cache_dir
+    )
+    if report.verdict != Verdict.ok:
+        return CheckResult(
+            name="seed_timing", status="skipped", message=f"the seed's timing was {report.verdict.value}"
+        )
+    outside = [
+        f"{s.shape}: {s.candidate_ns / 1e6:.3g} ms"
+        for s in report.shapes
+        if not MIN_CALL_NS <= s.candidate_ns <= MAX_CALL_NS
+    ]
+    calls = ", ".join(f"{s.candidate_ns / 1e6:.3g} ms" for s in report.shapes)
+    if outside:
+        return CheckResult(
+            name="seed_timing",
+            status="failed",
+            message=(
+                f"one seed call should take {MIN_CALL_NS / 1e6:g} to {MAX_CALL_NS / 1e6:g} ms per benchmark shape; "
+                f"outside: {'; '.join(outside)}: resize BENCHMARK_SHAPES"
+            ),
+        )
+    return CheckResult(name="seed_timing", status="ok", message=f"one seed call per benchmark shape: {calls}")
+
+
+def check_problem(
+    folder: str,
+    *,
+    cache_dir: Path | None = None,
+    timing: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> ProblemCheck:
+    """Run every check on the problem folder (or built-in name) ``folder``; never raises for a bad problem."""
+    say = progress or (lambda name: None)
+    try:
+        problem = load_problem(folder)
+    except UserError as error:
+        return ProblemCheck(
+            problem="", folder=folder, checks=[CheckResult(name="loads", status="failed", message=str(error))]
+        )
+    except Exception as error:  # the folder's own problem.py raised while it was loaded and checked
+        message = f"{folder}/problem.py raised {type(error).__name__}: {error}"
+        return ProblemCheck(
+            problem="", folder=folder, checks=[CheckResult(name="loads", status="failed", message=message)]
+        )
+    checks = [CheckResult(name="loads", status="ok", message=f"{problem.name} (family {problem.family})")]
+    steps: list[tuple[str, Callable[[], CheckResult]]] = [
+        ("baseline", lambda: check_baseline(problem)),
+        ("half_precision", lambda: check_low_precision(problem, "float16")),
+        ("bf16", lambda: check_low_precision(problem, "bfloat16")),
+        ("skipped_element", lambda: check_skipped_element(problem)),
+        ("seed", lambda: check_seed(problem, cache_dir)),
+        ("template", lambda: check_template(problem, cache_dir)),
+    ]
+    if timing:
+        steps.append(("seed_timing", lambda: check_seed_timing(problem, cache_dir)))
+    raised = False
+    for index, (name, step) in enumerate(steps):
+        if raised and index >= PURE_CHECKS:
+            # The harness would call the same problem.py code and meet the same exception.
+            checks.append(CheckResult(name=name, status="skipped", message="problem.py raised in a check above"))
+            continue
+        say(name)
+        try:
+            checks.append(step())
+        except UserError as error:
+            # The problem's own code refused (make_inputs, tolerance, template): the check fails, naming it.
+            checks.append(CheckResult(name=name, status="failed", message=str(error)))
+        except Exception as error:
+            if index >= PURE_CHECKS:
+                raise  # the harness or the machine failed, not the problem: the caller reports that
+            # The first checks run only the problem's own Python (make_inputs, reference, baseline).
+            raised = True
+            checks.append(
+                CheckResult(
+                    name=name,
+                    status="failed",
+                    message=f"{problem.folder / 'problem.py'} raised {type(error).__name__}: {error}",
+                )
+            )
+    return ProblemCheck(problem=problem.name, folder=folder, checks=checks)

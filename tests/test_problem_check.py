@@ -1,0 +1,96 @@
+"""``kf problem check``: the generic checks pass on a good problem folder and name what is wrong in bad ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cli import main as kf
+from engine.problem_check import check_problem
+from engine.problems import load_problem
+
+
+def folder_like(name: str, tmp_path: Path, **edits: tuple[str, str]) -> Path:
+    """A copy of the built-in problem ``name`` with each file's text replacements applied."""
+    folder = tmp_path / f"my_{name}"
+    shutil.copytree(load_problem(name).folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for file, (old, new) in edits.items():
+        path = folder / file.replace("_", ".", 1)  # problem_py -> problem.py
+        text = path.read_text()
+        assert old in text, f"{old!r} not in {path}"
+        path.write_text(text.replace(old, new, 1))
+    return folder
+
+
+def statuses(folder: Path, *, timing: bool = False) -> dict[str, str]:
+    return {c.name: c.status for c in check_problem(str(folder), timing=timing).checks}
+
+
+def test_a_copy_of_a_builtin_problem_passes_every_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = folder_like("rmsnorm", tmp_path)
+    assert kf(["problem", "check", str(folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["problem"] == "rmsnorm"
+    assert {c["name"]: c["status"] for c in report["checks"]} == {
+        "loads": "ok",
+        "baseline": "ok",
+        "half_precision": "ok",
+        "bf16": "ok",
+        "skipped_element": "ok",
+        "seed": "ok",
+        "template": "ok",
+        "seed_timing": "ok",
+    }
+
+
+def test_a_loose_tolerance_lets_low_precision_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = folder_like(
+        "softmax",
+        tmp_path,
+        problem_py=('"float32": {"atol": 1e-6, "rtol": 1e-4}', '"float32": {"atol": 0.5, "rtol": 0.5}'),
+    )
+    found = statuses(folder)
+    assert found["half_precision"] == found["bf16"] == found["skipped_element"] == "failed"
+    assert found["baseline"] == found["seed"] == "ok"
+    assert kf(["problem", "check", str(folder), "--no-timing"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED  half_precision" in out and "tighten TOLERANCES" in out
+
+
+def test_a_baseline_outside_its_tolerance_and_a_wrong_seed_are_named(tmp_path: Path) -> None:
+    folder = folder_like(
+        "softmax",
+        tmp_path,
+        problem_py=('"float32": {"atol": 1e-6, "rtol": 1e-4}', '"float32": {"atol": 1e-12, "rtol": 1e-12}'),
+        seed_c=(
+            "for (int64_t c = 0; c < cols; c++) yr[c] = yr[c] / s;",
+            "for (int64_t c = 0; c + 1 < cols; c++) yr[c] = yr[c] / s;",
+        ),
+    )
+    result = check_problem(str(folder), timing=False)
+    by_name = {c.name: c for c in result.checks}
+    assert not result.passed
+    assert by_name["baseline"].status == "failed" and "TOLERANCES" in by_name["baseline"].message
+    assert by_name["seed"].status == "failed" and "seed" in by_name["seed"].message
+
+
+def test_problem_code_that_raises_fails_its_check_without_a_traceback(tmp_path: Path) -> None:
+    folder = folder_like(
+        "softmax",
+        tmp_path,
+        problem_py=('    rows, cols = shape["rows"], shape["cols"]\n', "    raise ValueError('bad')\n"),
+    )
+    by_name = {c.name: c for c in check_problem(str(folder), timing=False).checks}
+    assert by_name["baseline"].status == "failed"
+    assert "problem.py raised ValueError: bad" in by_name["baseline"].message
+    assert by_name["seed"].status == by_name["template"].status == "skipped"
+
+
+def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) -> None:
+    assert kf(["problem", "check", str(tmp_path / "missing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert kf(["problem", "check", str(tmp_path / "empty"), "--no-timing"]) == 1
+    assert statuses(tmp_path / "empty") == {"loads": "failed"}
