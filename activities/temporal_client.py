@@ -4,25 +4,33 @@ from __future__ import annotations
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.config import temporal_namespace
 from engine.connections import temporal_address
-from engine.errors import ConfigurationError
+from engine.errors import ConfigurationError, ServiceUnavailable
 from engine.outages import is_outage, raised_from
 
 _UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
 
 
-async def connect(address: str | None = None, namespace: str | None = None) -> Client:
-    """A client for ``address`` (default: KF_TEMPORAL_ADDRESS or the embedded dev server)."""
+async def connect(address: str | None = None, namespace: str | None = None, runtime: Runtime | None = None) -> Client:
+    """A client for ``address`` (default: KF_TEMPORAL_ADDRESS or the embedded dev server). ``runtime``: the SDK
+    runtime its workers report metrics through (activities/metrics.py); default the SDK's own, without metrics."""
     target = address or temporal_address()
     try:
         return await Client.connect(
-            target, namespace=namespace or temporal_namespace(), data_converter=pydantic_data_converter
+            target,
+            namespace=namespace or temporal_namespace(),
+            data_converter=pydantic_data_converter,
+            runtime=runtime,
         )
     except RuntimeError as error:
-        raise ConfigurationError(
+        # Nothing answered (refused, timed out): the machine's failure, `kf` exits 3. Anything else the server
+        # said (an unknown namespace, say) is the configuration's.
+        kind = ServiceUnavailable if unreachable(error) else ConfigurationError
+        raise kind(
             f"cannot reach Temporal at {target}: {error}; run `kf up` for the embedded server, "
             "or set KF_TEMPORAL_ADDRESS to a running frontend"
         ) from error
@@ -44,3 +52,27 @@ def unreachable(error: BaseException) -> bool:
             return True
         current = raised_from(current)
     return False
+
+
+def no_worker(error: BaseException) -> bool:
+    """True when Temporal answered that no worker polls the task queue a query needs (``kf search show`` of a
+    search whose workers are all gone): a service that is down, not news about the search."""
+    return any(
+        isinstance(e, RPCError) and e.status == RPCStatusCode.FAILED_PRECONDITION and "poller" in e.message
+        for e in _chain(error)
+    )
+
+
+def not_found(error: BaseException) -> bool:
+    """True when Temporal answered that what was asked for (a search id) does not exist."""
+    return any(isinstance(e, RPCError) and e.status == RPCStatusCode.NOT_FOUND for e in _chain(error))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = raised_from(current)
+    return chain

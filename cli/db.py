@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,12 @@ def register(subparsers: Any) -> None:
             "KF_DATABASE_URL, else the embedded database of `kf up`)",
         )
         command.add_argument(
-            "--migrations-dir", type=Path, default=MIGRATIONS_DIR, help="folder of NNNN_name.sql files"
+            "--migrations-dir",
+            type=Path,
+            default=MIGRATIONS_DIR,
+            help="folder of NNNN_name.sql files (default: the migrations installed with kernel-factory)",
         )
+        command.add_argument("--json", action="store_true", help="print the report as one JSON object")
         command.set_defaults(handler=handler)
 
 
@@ -41,7 +46,9 @@ def _database_url(args: argparse.Namespace) -> str:
 def _migrate(args: argparse.Namespace) -> int:
     url = _database_url(args)
     applied = asyncio.run(migrate(url, args.migrations_dir))
-    if applied:
+    if args.json:
+        print(json.dumps({"database": mask_password(url), "applied": applied}))
+    elif applied:
         print(f"applied {len(applied)} migration(s) to {mask_password(url)}:")
         for name in applied:
             print(f"  {name}")
@@ -53,11 +60,16 @@ def _migrate(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     url = _database_url(args)
     states = asyncio.run(migration_status(url, args.migrations_dir))
+    # Non-zero when the database is not exactly at the files' state, so scripts can check it.
+    up_to_date = all(state.state == "applied" for state in states)
+    if args.json:
+        body = [state.model_dump(mode="json") for state in states]
+        print(json.dumps({"database": mask_password(url), "up_to_date": up_to_date, "migrations": body}))
+        return 0 if up_to_date else 1
     print(f"migrations of {mask_password(url)}:")
     for state in states:
         when = f"  applied {state.applied_at:%Y-%m-%d %H:%M:%S}" if state.applied_at else ""
         print(f"  {state.state:8} {state.name}{when}")
     if not states:
         print("  (no migration files)")
-    # Non-zero when the database is not exactly at the files' state, so scripts can check it.
-    return 0 if all(state.state == "applied" for state in states) else 1
+    return 0 if up_to_date else 1

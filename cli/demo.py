@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         "softmax search; prints its result, the audit command and the Web UI link. The services keep running "
         "afterwards (kf down stops them).",
     )
-    parser.add_argument("--problem", type=problem_name, default="softmax")
+    parser.add_argument("--problem", type=problem_name, default="softmax", help="the problem to search")
     parser.add_argument(
         "--generations",
         type=integer(SearchSpec, "generations"),

@@ -23,7 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cli import exit_status
 from cli.options import integer, number, problem_name
+from cli.progress import StepProgress
 from engine.errors import UserError
 from engine.harness.benchmarking import DEFAULT_BUDGET_S
 from engine.harness.cpu import DEFAULT_FLAGS, normalize_flags
@@ -35,8 +37,8 @@ from engine.input_errors import allowed, explain
 from engine.problems import load_problem
 from engine.search.spec import MAX_BENCHMARK_SECONDS, MAX_FLAG_CHARS, MAX_FLAGS, MAX_THREADS, CompilerFlags
 
-EXIT_TERMINATED = 128 + signal.SIGTERM
-EXIT_MACHINE = 3
+EXIT_TERMINATED = exit_status.TERMINATED
+EXIT_MACHINE = exit_status.MACHINE
 MAX_SOURCE_BYTES = 1 << 20
 """Largest kernel source `kf evaluate` reads: a C file, not a data dump."""
 MAX_VALIDATION_SEEDS = 100
@@ -68,7 +70,7 @@ def register(subparsers: Any) -> None:
         help="compile, validate and benchmark a kernel source",
         description=(
             "Compile a C kernel for a problem, validate it on fresh inputs in a sandbox, and time it against "
-            "a baseline, interleaved, with a 95%% confidence interval. Exit status 0 only for verdict ok; 1 for "
+            "a baseline, interleaved, with a 95% confidence interval. Exit status 0 only for verdict ok; 1 for "
             f"any other verdict; 2 for bad input; {EXIT_MACHINE} when the machine failed, not the kernel; "
             f"{EXIT_TERMINATED} when terminated (SIGTERM), after its sandboxes are cleaned up."
         ),
@@ -199,16 +201,19 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.baseline not in BASELINE_CHOICES and Path(args.baseline).expanduser().is_file():
         _read_source(args.baseline, "--baseline")  # refuse a binary baseline here, as the source would be
     try:
-        result = evaluate(
-            problem,
-            source,
-            request.flags,
-            args.baseline,
-            threads=request.threads,
-            budget_s=request.budget,
-            seeds=request.seeds,
-            target=args.target,
-        )
+        # The step under way on stderr: in place on a terminal, a line per step elsewhere (cli/progress.py).
+        with StepProgress("kf evaluate") as progress:
+            result = evaluate(
+                problem,
+                source,
+                request.flags,
+                args.baseline,
+                threads=request.threads,
+                budget_s=request.budget,
+                seeds=request.seeds,
+                target=args.target,
+                progress=progress.step,
+            )
     except (CalibrationFailed, SandboxFailure) as error:
         print(f"kf evaluate: the machine failed, not the kernel: {error}", file=sys.stderr)
         return EXIT_MACHINE

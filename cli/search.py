@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
 UI_URL_DEFAULT = "http://127.0.0.1:8233"
+SEARCH_ID_HELP = "the search id, as `kf search list` prints it"
 MAX_LISTED = 1000
 """Most searches `kf search list --limit` asks Temporal for."""
 # Which option sets which SearchSpec field, so an error about a value typed on the command line names the
@@ -50,6 +51,7 @@ SPEC_OPTIONS = {
     "benchmark_seconds": "benchmark_seconds",
     "threads": "threads",
     "resume_from": "resume_from",
+    "resume_latest": "resume_latest",
     "hints": "hint",
     "task_queue_prefix": "prefix",
 }
@@ -61,73 +63,54 @@ def register(subparsers: Any) -> None:
 
     start = verbs.add_parser("start", help="start a search", description="Start a KernelSearch workflow.")
     start.add_argument("problem", help="built-in problem name or problem folder")
-    # Every bound below is the SearchSpec's own (engine/search/spec.py), stated here from its schema.
-    _add_spec_option(start, "--target", "target", string, "cpu (default), cpu-<arch>-<isa>, cuda-sm<NN>")
-    _add_spec_option(start, "--generations", "generations", integer, "generations after the seed kernel")
-    _add_spec_option(start, "--candidates", "candidates_per_generation", integer, "candidates per generation")
-    _add_spec_option(start, "--parallelism", "parallelism", integer, "candidates evaluated at once")
-    start.add_argument("--proposer", default=None, choices=get_args(ProposerKind), help="who proposes (default search)")
+    add_spec_options(start)
     start.add_argument(
-        "--model",
-        action="append",
+        "--resume-latest",
+        action="store_const",
+        const=True,
         default=None,
-        help=f"LLM model (repeatable; {allowed(SearchSpec, 'proposer.models')})",
-    )
-    _add_spec_option(start, "--max-candidates", "budget.max_candidates", integer, "stop after this many candidates")
-    _add_spec_option(start, "--max-minutes", "budget.max_wall_minutes", number, "stop after this many minutes")
-    _add_spec_option(start, "--max-llm-usd", "budget.max_llm_usd", number, "stop LLM proposing at this spend")
-    _add_spec_option(start, "--margin", "promotion.margin", number, "promotion margin, e.g. 0.02")
-    _add_spec_option(start, "--confidence", "promotion.confidence", number, "promotion confidence, e.g. 0.95")
-    _add_spec_option(start, "--seed", "seed", integer, "seed of the proposers' randomness")
-    _add_spec_option(start, "--benchmark-seconds", "benchmark_seconds", number, "timing budget per candidate")
-    _add_spec_option(start, "--threads", "threads", integer, "cores a kernel may use")
-    _add_spec_option(start, "--resume-from", "resume_from", string, "an earlier search id to start from")
-    start.add_argument(
-        "--hint",
-        action="append",
-        default=None,
-        help=f"a hint for the proposers (repeatable; {allowed(SearchSpec, 'hints')})",
-    )
-    start.add_argument(
-        "--spec",
-        default=None,
-        help="a JSON object of SearchSpec fields (engine/search/spec.py); options given above override it",
+        help="start from the newest incumbent an earlier search of this problem and target recorded",
     )
     start.add_argument("--id", type=search_id, default=None, help="the search id (default: search-<problem>-<random>)")
-    _add_spec_option(start, "--prefix", "task_queue_prefix", string, "task queue prefix, default kf")
     start.add_argument("--wait", action="store_true", help="follow progress until the search ends")
     start.add_argument("--json", action="store_true", help="print JSON")
     start.set_defaults(handler=run_start)
 
     listing = verbs.add_parser("list", help="list recent searches")
     listing.add_argument("--limit", type=int, default=50, help=f"most searches listed (default 50; 1 to {MAX_LISTED})")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print a JSON list of the searches")
     listing.set_defaults(handler=run_list)
 
     show = verbs.add_parser("show", help="a search's progress and result")
-    show.add_argument("search_id", type=search_id)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("search_id", type=search_id, help=SEARCH_ID_HELP)
+    show.add_argument(
+        "--json", action="store_true", help="print the search's status (or, with --wait, its result) as JSON"
+    )
     show.add_argument("--wait", action="store_true", help="follow progress until the search ends")
     show.set_defaults(handler=run_show)
 
     for verb, text in (("pause", "stop starting new work"), ("resume", "undo pause"), ("stop", "end gracefully")):
         parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("search_id", type=search_id)
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("search_id", type=search_id, help=SEARCH_ID_HELP)
+        parser.add_argument("--json", action="store_true", help="print the search's status as JSON")
         parser.set_defaults(handler=run_update, update=verb)
 
     hint = verbs.add_parser("hint", help="give the proposers a hint")
-    hint.add_argument("search_id", type=search_id)
+    hint.add_argument("search_id", type=search_id, help=SEARCH_ID_HELP)
     hint.add_argument("text", type=_hint, help=f"the hint ({allowed(SearchSpec, 'hints.0')})")
-    hint.add_argument("--json", action="store_true")
+    hint.add_argument("--json", action="store_true", help="print the search's status as JSON")
     hint.set_defaults(handler=run_update, update="add_hint")
 
     extend = verbs.add_parser("extend", help="raise a running search's budget")
-    extend.add_argument("search_id", type=search_id)
-    _add_spec_option(extend, "--max-candidates", "budget.max_candidates", integer, "new candidate limit")
-    _add_spec_option(extend, "--max-minutes", "budget.max_wall_minutes", number, "new wall-time limit in minutes")
-    _add_spec_option(extend, "--max-llm-usd", "budget.max_llm_usd", number, "new LLM spending limit")
-    extend.add_argument("--json", action="store_true")
+    extend.add_argument("search_id", type=search_id, help=SEARCH_ID_HELP)
+    _add_spec_option(
+        extend, "--max-candidates", "budget.max_candidates", integer, "new candidate limit, default unchanged"
+    )
+    _add_spec_option(
+        extend, "--max-minutes", "budget.max_wall_minutes", number, "new wall-time limit in minutes, default unchanged"
+    )
+    _add_spec_option(extend, "--max-llm-usd", "budget.max_llm_usd", number, "new LLM spending limit, default unchanged")
+    extend.add_argument("--json", action="store_true", help="print the search's status as JSON")
     extend.set_defaults(handler=run_update, update="extend_budget")
     search.set_defaults(handler=lambda args: (search.print_help(), 2)[1])
 
@@ -141,8 +124,57 @@ def register(subparsers: Any) -> None:
     )
     audit.add_argument("search_id", type=search_id, nargs="?", help="the search (omit with --all)")
     audit.add_argument("--all", action="store_true", help="audit the whole log instead of one search")
-    audit.add_argument("--json", action="store_true")
+    audit.add_argument(
+        "--file",
+        default=None,
+        help="verify an export (kf export) offline instead: no database, no Temporal (default: audit the database)",
+    )
+    audit.add_argument("--json", action="store_true", help="print the audit report as JSON")
     audit.set_defaults(handler=run_audit)
+
+
+def add_spec_options(parser: argparse.ArgumentParser, *, resume_from: bool = True) -> None:
+    """The options that set SearchSpec fields, shared by `kf search start` and `kf schedule create` (which has no
+    ``--resume-from``); read back by :func:`spec_from_args`. Every bound is the SearchSpec's own
+    (engine/search/spec.py), stated from its schema."""
+    _add_spec_option(parser, "--target", "target", string, "cpu (default), cpu-<arch>-<isa>, cuda-sm<NN>")
+    _add_spec_option(parser, "--generations", "generations", integer, "generations after the seed kernel")
+    _add_spec_option(parser, "--candidates", "candidates_per_generation", integer, "candidates per generation")
+    _add_spec_option(parser, "--parallelism", "parallelism", integer, "candidates evaluated at once")
+    parser.add_argument(
+        "--proposer", default=None, choices=get_args(ProposerKind), help="who proposes (default search)"
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help=f"LLM model (repeatable; {allowed(SearchSpec, 'proposer.models')}; default: none, the proposer's own)",
+    )
+    _add_spec_option(parser, "--max-candidates", "budget.max_candidates", integer, "stop after this many candidates")
+    _add_spec_option(parser, "--max-minutes", "budget.max_wall_minutes", number, "stop after this many minutes")
+    _add_spec_option(parser, "--max-llm-usd", "budget.max_llm_usd", number, "stop LLM proposing at this spend")
+    _add_spec_option(parser, "--margin", "promotion.margin", number, "promotion margin, e.g. 0.02")
+    _add_spec_option(parser, "--confidence", "promotion.confidence", number, "promotion confidence, e.g. 0.95")
+    _add_spec_option(
+        parser, "--seed", "seed", integer, "seed of the proposers' randomness (default: a fresh one, recorded)"
+    )
+    _add_spec_option(parser, "--benchmark-seconds", "benchmark_seconds", number, "timing budget per candidate")
+    _add_spec_option(parser, "--threads", "threads", integer, "cores a kernel may use")
+    if resume_from:
+        _add_spec_option(parser, "--resume-from", "resume_from", string, "an earlier search id to start from")
+    parser.add_argument(
+        "--hint",
+        action="append",
+        default=None,
+        help=f"a hint for the proposers (repeatable; {allowed(SearchSpec, 'hints')}; default: none)",
+    )
+    parser.add_argument(
+        "--spec",
+        default=None,
+        help="a JSON object of SearchSpec fields (engine/search/spec.py); options given above override it "
+        "(default: none, every field at its default)",
+    )
+    _add_spec_option(parser, "--prefix", "task_queue_prefix", string, "task queue prefix, default kf")
 
 
 def _add_spec_option(
@@ -152,10 +184,27 @@ def _add_spec_option(
     kind: Callable[[type[BaseModel], str], Callable[[str], Any]],
     summary: str,
 ) -> None:
-    """An option that sets the SearchSpec field at ``path``; its help states the field's bound."""
-    bound = allowed(SearchSpec, path)
-    help_text = f"{summary} ({bound})" if bound else summary
+    """An option that sets the SearchSpec field at ``path``; its help states the field's bound and, unless the
+    summary says otherwise, the SearchSpec's default (the option's own default is None: "not given", so that
+    --spec can set the field)."""
+    notes = [allowed(SearchSpec, path)]
+    if "default" not in summary:
+        notes.append(f"default: {_spec_default(path)}")
+    help_text = f"{summary} ({'; '.join(note for note in notes if note)})"
     parser.add_argument(option, type=kind(SearchSpec, path), default=None, help=help_text)
+
+
+_SPEC_DEFAULTS: dict[str, Any] = SearchSpec(problem="softmax").model_dump(mode="json")  # any problem: it has none
+
+
+def _spec_default(path: str) -> str:
+    """The SearchSpec's default for the field at ``path``, as `--help` says it."""
+    value: Any = _SPEC_DEFAULTS
+    for part in path.split("."):
+        value = value[part]
+    if value is None or value == []:
+        return "no limit" if path.startswith("budget.") else "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _hint(text: str) -> str:
@@ -254,13 +303,14 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
 
     The search runs in Temporal, not in this process: a frontend that restarts meanwhile is no news about the
     search. While it is unreachable the follower says "Temporal unreachable, retrying" on stderr and tries again
-    with back-off, up to the outage patience (KF_OUTAGE_PATIENCE_S); only then does it give up (exit 1), saying
-    the search may well be running still."""
+    with back-off, up to the outage patience (KF_OUTAGE_PATIENCE_S); only then does it give up (exit 3, the
+    machine's failure), saying the search may well be running still."""
     from activities.search_client import search_status
     from activities.temporal_client import unreachable
 
     handle = client.get_workflow_handle(search_id, result_type=SearchResult)
     last = ""
+    last_status: SearchStatus | None = None
     outage_began: float | None = None
     delay = FIRST_DELAY_S
     while True:
@@ -268,7 +318,8 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
         result_task = asyncio.ensure_future(handle.result())
         while not result_task.done():
             try:
-                line = progress_line(await search_status(client, search_id))
+                last_status = await search_status(client, search_id)
+                line = progress_line(last_status)
             except Exception:  # the first workflow task may not have run yet, or Temporal is restarting
                 line = last or "waiting for a worker…"
             if not as_json and line != last:
@@ -301,7 +352,11 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
                 print(json.dumps({"search_id": search_id, "status": "failed", "error": message}))
             else:
                 print(f"search {search_id} failed: {message}", file=sys.stderr)
-            return 1
+            return 3 if unreachable(error) else 1  # 3: the service failed, not the search (cli/exit_status.py)
+        if not as_json and last_status is not None:
+            line = progress_line(final_status(last_status, result))
+            if line != last:
+                _print_progress(line)
         if not as_json and sys.stdout.isatty():
             print()
         print(format_result(result, as_json))
@@ -317,13 +372,46 @@ async def _follow_existing(search_id: str, as_json: bool) -> int:
 
 
 def progress_line(status: SearchStatus) -> str:
+    """One line of progress: the generation running (of those asked for), candidates judged by verdict, and the
+    incumbent's speedup with its interval -- plus, while a generation runs, its fastest candidate so far when
+    that is ahead of the incumbent (promotion is decided when the generation ends)."""
     verdicts = " ".join(f"{k}={v}" for k, v in sorted(status.verdict_counts.items())) or "-"
-    best = f"{status.best_speedup:.3f}x" if status.best_speedup is not None else "-"
-    return (
+    best = "-"
+    if status.best_speedup is not None:
+        best = f"{status.best_speedup:.3f}x"
+        if status.best_ci_low is not None and status.best_ci_high is not None:
+            best += f" [{status.best_ci_low:.3f}, {status.best_ci_high:.3f}]"
+    line = (
         f"[{status.status}] generation {status.generation}/{status.generations} · "
         f"{status.candidates_done} candidates · {verdicts} · "
         + (f"{status.harness_errors} not judged (harness_error) · " if status.harness_errors else "")
         + f"best {best} vs numpy"
+    )
+    leading = status.leading_speedup
+    if leading is not None and (status.best_speedup is None or leading > status.best_speedup):
+        line += f" · fastest this generation {leading:.3f}x (promotion decided at its end)"
+    return line
+
+
+def final_status(last: SearchStatus, result: SearchResult) -> SearchStatus:
+    """The progress a finished search ended at, from its result: the follower's last line then agrees with the
+    result printed under it, even when the search's last promotion came between two polls."""
+    inc = result.incumbent
+    return last.model_copy(
+        update={
+            "status": result.status,
+            "generation": max(result.generations_run - 1, 0),
+            "candidates_done": result.candidates_done,
+            "verdict_counts": dict(result.verdict_counts),
+            "harness_errors": result.harness_errors,
+            "best_speedup": result.best_speedup,
+            "best_ci_low": result.best_ci_low,
+            "best_ci_high": result.best_ci_high,
+            "incumbent": f"{inc.label} ({inc.candidate_id[:12]})" if inc else None,
+            "incumbent_id": inc.candidate_id if inc else None,
+            "leading_speedup": None,
+            "leading": None,
+        }
     )
 
 
@@ -445,6 +533,10 @@ def run_update(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     from engine.search.audit import audit_log, audit_search, format_audit, format_log_audit
 
+    if args.file is not None:
+        from cli.export import run_offline_audit
+
+        return run_offline_audit(args)
     if args.all == (args.search_id is not None):
         raise UserError("kf audit takes a search id, or --all for the whole log (not both)")
     if args.all:

@@ -8,8 +8,12 @@ import logging
 import os
 from typing import Any
 
+from engine.config import metrics_port
 from engine.connections import database_url
 from engine.hardware import cpu_target
+
+METRICS_HOST = "127.0.0.1"
+"""Where the metrics are served unless --metrics-host says otherwise: this machine only."""
 
 
 def register(subparsers: Any) -> None:
@@ -29,8 +33,32 @@ def register(subparsers: Any) -> None:
         help="serve GPU N (an index or GPU-UUID, as CUDA_VISIBLE_DEVICES takes it); default: the first visible",
     )
     parser.add_argument("--no-control", action="store_true", help="serve only hardware queues")
-    parser.add_argument("--identity", default=None, help="worker identity recorded with every outcome")
+    parser.add_argument(
+        "--identity",
+        default=None,
+        help="worker identity recorded with every outcome (default: kf-worker@<host>:<pid>)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="N",
+        help="serve Prometheus metrics (the Temporal SDK's and kf_*) on http://HOST:N/metrics "
+        "(default: KF_METRICS_PORT, else no metrics)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=METRICS_HOST,
+        metavar="HOST",
+        help="address the metrics are served on; 0.0.0.0 for every interface",
+    )
     parser.set_defaults(handler=run)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port; pass an integer from 1 to 65535")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,12 +69,14 @@ def run(args: argparse.Namespace) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
     # The GPU (or why there is none) is said once, by the worker's choice of targets (activities/worker.py).
     print(f"kf worker: CPU target {cpu_target()}", flush=True)
-    asyncio.run(_serve(args))
+    port = args.metrics_port if args.metrics_port is not None else metrics_port()
+    asyncio.run(_serve(args, port))
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, port: int | None) -> None:
     # Temporal is reached only through activities/: engine itself stays free of it.
+    from activities.metrics import prometheus_runtime
     from activities.temporal_client import connect, unreachable
     from activities.worker import run_worker
     from engine.evidence.roles import rewrite_privileges, rewrite_warning
@@ -55,7 +85,11 @@ async def _serve(args: argparse.Namespace) -> None:
 
     # A worker (re)started while Postgres or Temporal is down -- an operator restarting them, a machine coming
     # back -- waits for them, up to the outage patience, instead of exiting.
-    client = await wait_out(connect, what="Temporal", transient=unreachable)
+    # The worker's client carries the runtime its workers report metrics through (activities/metrics.py).
+    runtime = prometheus_runtime(args.metrics_host, port) if port is not None else None
+    if port is not None:
+        print(f"kf worker: metrics on http://{args.metrics_host}:{port}/metrics", flush=True)
+    client = await wait_out(lambda: connect(runtime=runtime), what="Temporal", transient=unreachable)
     url = database_url()
     store = await wait_out(lambda: EventStore.connect(url), what="Postgres")
     held = await rewrite_privileges(store.pool)

@@ -11,6 +11,7 @@ Everything is read from the environment at call time, so tests can point a proce
 - ``KF_TEMPORAL_NAMESPACE``: the Temporal namespace (default ``default``).
 - ``KF_MACHINE_DIR``: where this machine's measured figures (bandwidth, peak, noise floor) are kept
   (default ``machine/`` in the cache folder); a test session points every cache at one, so it measures once.
+- ``KF_METRICS_PORT``: the port ``kf worker`` serves Prometheus metrics on (default: none; ``--metrics-port``).
 - ``KF_OUTAGE_PATIENCE_S``: how long a step (and the CLI following a search) waits out an unreachable
   Postgres or Temporal before it fails as an infrastructure failure (default 600: time for an operator to
   notice and restart a server).
@@ -64,6 +65,16 @@ def machine_dir(cache: Path | None = None) -> Path:
     if override:
         return Path(override).resolve()
     return (cache or cache_dir()) / "machine"
+
+
+def metrics_port() -> int | None:
+    """The port `kf worker` serves Prometheus metrics on (``KF_METRICS_PORT``), or None for no metrics."""
+    raw = os.environ.get("KF_METRICS_PORT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ConfigurationError(f"KF_METRICS_PORT={raw!r} is not a port from 1 to 65535; unset it for no metrics")
+    return int(raw)
 
 
 def outage_patience_s() -> float:

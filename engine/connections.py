@@ -2,7 +2,8 @@
 
 ``KF_DATABASE_URL`` and ``KF_TEMPORAL_ADDRESS`` win when set (docker-compose, a real cluster). Otherwise
 the answer is the embedded server that ``kf up`` started for the state folder (``KF_HOME``), read from
-its pid file; asking while it does not run is an error that says to run ``kf up``.
+its pid file; asking while it does not run is an error that says to run ``kf up`` (ServiceUnavailable:
+``kf`` exits 3, as for a server that does not answer).
 
 The database has two URLs: :func:`database_url`, the role everything but migrations connects as (it may
 only append to and read the log), and :func:`database_owner_url`, the role that owns the log and runs the
@@ -14,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import database_owner_url_override, database_url_override, temporal_address_override
-from engine.errors import ConfigurationError
+from engine.errors import ServiceUnavailable
 from engine.services import postgres_server, temporal_server
 from engine.services.paths import StatePaths
 from engine.services.pidfile import PostgresPidFile
@@ -43,7 +44,7 @@ def _embedded_postgres(home: Path | None) -> PostgresPidFile:
     paths = StatePaths.of(home)
     record = postgres_server.running(paths, [])
     if record is None:
-        raise ConfigurationError(
+        raise ServiceUnavailable(
             f"the embedded Postgres of {paths.home} is not running; run `kf up` first "
             "(or set KF_DATABASE_URL to use another server)"
         )
@@ -58,7 +59,7 @@ def temporal_address(home: Path | None = None) -> str:
     paths = StatePaths.of(home)
     record = temporal_server.running(paths, [])
     if record is None:
-        raise ConfigurationError(
+        raise ServiceUnavailable(
             f"the embedded Temporal dev server of {paths.home} is not running; run `kf up` first "
             "(or set KF_TEMPORAL_ADDRESS to use another server)"
         )

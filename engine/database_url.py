@@ -14,7 +14,8 @@ from urllib.parse import SplitResult, urlsplit
 
 import asyncpg
 
-from engine.errors import ConfigurationError
+from engine.errors import ConfigurationError, ServiceUnavailable
+from engine.outages import is_outage
 
 EXPECTED_FORM = (
     "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE "
@@ -100,9 +101,12 @@ async def create_pool(
 
 
 def unreachable(url: str, error: BaseException) -> ConfigurationError:
-    """The error for a well-formed URL where no usable database answered."""
+    """The error for a well-formed URL where no usable database answered: ServiceUnavailable when nothing
+    answered at all (refused, timed out, starting up: the machine's failure, `kf` exits 3), a plain
+    ConfigurationError when a server answered and refused (no such database, a wrong password: exit 2)."""
     reason = str(error) or type(error).__name__
-    return ConfigurationError(
+    kind = ServiceUnavailable if is_outage(error) else ConfigurationError
+    return kind(
         f"cannot connect to Postgres at {mask_password(url)!r}: {reason}. "
         "Start the embedded database with `kf up`, or point KF_DATABASE_URL at a running Postgres "
         "(the database must exist)."

@@ -3,6 +3,7 @@
 KernelFactoryError            anything raised on purpose by this package
 ├── UserError                 bad input the user can fix; the message names the value and the fix
 │   ├── ConfigurationError    bad URL, address, state folder or environment
+│   │   └── ServiceUnavailable a server (Postgres, Temporal) that does not run or answer where it is expected
 │   ├── ServiceError          an embedded server (kf up) that failed to start or stop; shows its log
 │   ├── UnknownProblemError   a --problem that is neither built in nor a problem folder
 │   └── MigrationError        a missing, edited or failing migration
@@ -30,6 +31,12 @@ class UserError(KernelFactoryError):
 
 class ConfigurationError(UserError):
     """A malformed URL or address, an unusable state folder, a port already taken."""
+
+
+class ServiceUnavailable(ConfigurationError):
+    """A server (Postgres, Temporal) that does not run or does not answer where the configuration says it is:
+    `kf up` not run, a server down or restarting, a network in between. The machine failed, not the input:
+    `kf` exits 3 (cli/exit_status.py). A ConfigurationError still, because the fix may be the address."""
 
 
 class ServiceError(UserError):

@@ -16,6 +16,7 @@ ALTER TYPE ... ADD VALUE before PG 12) cannot be used.
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,8 +29,9 @@ from pydantic import BaseModel, ConfigDict
 from engine.database_url import check_database_url, connect
 from engine.errors import MigrationError
 
-MIGRATIONS_DIR: Path = Path(__file__).resolve().parents[2] / "migrations"
-"""The repository's migrations folder."""
+MIGRATIONS_DIR: Path = Path(str(importlib.resources.files("migrations")))
+"""The migrations shipped with Kernel Factory: the ``migrations`` package's data (pyproject.toml), so an installed
+wheel finds them as a checkout does (where they are the repository's ``migrations/``)."""
 
 MIGRATIONS_LOCK_KEY = 7171002
 """Session-level advisory lock held while migrating (the event store's append lock is 7171001)."""
@@ -80,7 +82,9 @@ class MigrationState(BaseModel):
 def load_migrations(migrations_dir: Path = MIGRATIONS_DIR) -> list[Migration]:
     """The migration files of ``migrations_dir`` in order; MigrationError for a misnamed or duplicate one."""
     if not migrations_dir.is_dir():
-        raise MigrationError(f"migrations folder {migrations_dir} does not exist: pass the repository's migrations/")
+        raise MigrationError(
+            f"migrations folder {migrations_dir} does not exist: leave out --migrations-dir for the installed ones"
+        )
     migrations: list[Migration] = []
     numbers: dict[str, str] = {}
     for path in sorted(migrations_dir.glob("*.sql")):

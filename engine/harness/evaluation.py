@@ -13,7 +13,7 @@ and on a GPU (``cuda-sm90``…) ``compile_cuda`` (engine.harness.cuda.compile) a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.errors import UserError
@@ -85,18 +85,24 @@ def evaluate(
     cache_dir: Path | None = None,
     isolation: str = "auto",
     target: str = "cpu",
+    progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
     """Compile, validate and benchmark ``source`` against ``baseline`` on ``target`` (``cpu``, ``cuda-sm90``…);
-    see :func:`resolve_baseline`."""
+    see :func:`resolve_baseline`. ``progress`` is told each step as it starts (``kf evaluate`` shows it)."""
+    say = progress or (lambda step: None)
     if isinstance(problem, str):
         problem = load_problem(problem)
     backend = backend_for(target)
     problem = backend.problem(problem)
+    if baseline not in ("reference", "numpy"):
+        say(f"compiling the baseline ({baseline})")
     reference = resolve_baseline(problem, baseline, cache_dir=cache_dir, backend=backend)
+    say("compiling")
     compiled = backend.compile(problem, source, flags, cache_dir=cache_dir)
     result = Evaluation(verdict=compiled.verdict, problem=problem.name, compile=compiled)
     if compiled.verdict != Verdict.ok or compiled.artifact_id is None:
         return _with_evidence(result)
+    say("validating")
     validation = backend.validate(
         problem,
         compiled.artifact_id,
@@ -109,6 +115,8 @@ def evaluate(
     result = result.model_copy(update={"verdict": validation.verdict, "validation": validation})
     if validation.verdict != Verdict.ok:
         return _with_evidence(result)
+    # The first timing on a machine also measures it (bandwidth, peak, noise floor: about a minute), once.
+    say(f"benchmarking against {reference.label}")
     (report,) = backend.benchmark(
         problem,
         compiled.artifact_id,

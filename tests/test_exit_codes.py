@@ -1,0 +1,264 @@
+"""`kf` exits with the status cli/exit_status.py documents, every time, as a real process against real servers.
+
+The installed ``kf`` runs as a subprocess, as a script would run it, against the session's Temporal dev server
+and Postgres. The commands that talk to Temporal run REPEATS times each: Temporal's client could crash while
+the interpreter shut down (temporalio/sdk-python#300), after the command had printed its result, and replace
+its status; `kf` now leaves without that shutdown (cli.entry), and this is the check that it does, every time.
+The other commands run FEWER times. Repetitions run BATCH at a time, to fit the test in about a minute and a
+half on a two-core machine. Then: bad input exits 2 before any server is contacted; services that do not run
+or do not answer, and a machine whose calibration fails, exit 3 with one line on stderr and no traceback; a
+reader that closed the pipe (`kf lessons | head`) gets 141 and no traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from search_fixtures import running_worker
+from temporalio.testing import WorkflowEnvironment
+
+from cli import exit_status
+from engine.evidence.store import EventStore
+
+pytestmark = pytest.mark.slow
+
+KF = Path(sys.executable).with_name("kf")
+ROOT = Path(__file__).resolve().parents[1]
+REPEATS = 20
+"""Runs of each command that talks to Temporal (the shutdown crash was in its client)."""
+FEWER = 5
+"""Runs of each command that does not."""
+BATCH = 5
+"""kf processes at once: enough to overlap their start-up, few enough for two cores."""
+CRASH_MARKS = ("Traceback", "Fatal Python error", "Exception ignored", "Segmentation fault")
+"""What a crash or an unhandled error leaves on stderr."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """One finished kf process."""
+
+    argv: tuple[str, ...]
+    status: int
+    out: str
+    err: str
+
+
+async def kf(argv: Sequence[str], env: Mapping[str, str], *, stdout: int = subprocess.PIPE) -> Done:
+    process = await asyncio.create_subprocess_exec(
+        str(KF), *argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=240)
+    assert process.returncode is not None
+    return Done(tuple(argv), process.returncode, (out or b"").decode(), err.decode())
+
+
+async def kf_many(runs: Sequence[Sequence[str]], env: Mapping[str, str]) -> list[Done]:
+    """Run every argv of ``runs``, BATCH at a time; results in the order given."""
+    gate = asyncio.Semaphore(BATCH)
+
+    async def one(argv: Sequence[str]) -> Done:
+        async with gate:
+            return await kf(argv, env)
+
+    return list(await asyncio.gather(*(one(argv) for argv in runs)))
+
+
+def assert_status(done: Done, status: int) -> None:
+    assert done.status == status, f"kf {' '.join(done.argv)} exited {done.status}, not {status}:\n{done.err[-3000:]}"
+    crash = [mark for mark in CRASH_MARKS if mark in done.err]
+    assert not crash, f"kf {' '.join(done.argv)}: {crash} on stderr:\n{done.err[-3000:]}"
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (the kernel's pick for port 0, released again)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def base_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KF_DATABASE_URL", "KF_DATABASE_OWNER_URL")}
+    env.pop("KF_TEMPORAL_ADDRESS", None)
+    return env | {"KF_HOME": str(home)}
+
+
+@pytest.fixture
+def services_down(tmp_path: Path) -> dict[str, str]:
+    """Temporal and Postgres configured at addresses where nothing answers; no patience for the outage."""
+    return base_env(tmp_path / "kf") | {
+        "KF_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+        "KF_DATABASE_URL": f"postgresql://kf@127.0.0.1:{free_port()}/kf",
+        "KF_OUTAGE_PATIENCE_S": "0",
+    }
+
+
+@pytest.fixture
+def unbuildable_problem() -> Iterator[Path]:
+    """softmax with a seed kernel that does not compile: a search of it runs every orchestration step (start,
+    target, compile, record, finish) through Temporal, the worker and the event log, then ends on the seed's
+    verdict at once -- twenty of them cost seconds, where timing twenty seeds would cost minutes."""
+    folder = Path(tempfile.mkdtemp(prefix="kf-unbuildable-"))
+    folder.chmod(0o755)  # the compiler's sandbox runs as another user
+    try:
+        shutil.copytree(
+            ROOT / "kernels" / "softmax", folder / "unbuildable", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        problem = folder / "unbuildable" / "problem.py"
+        problem.write_text(problem.read_text().replace('NAME = "softmax"', 'NAME = "unbuildable"'))
+        (folder / "unbuildable" / "seed.c").write_text("this is not C\n")
+        yield folder / "unbuildable"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_every_client_command_exits_with_its_status_every_time(
+    temporal_env: WorkflowEnvironment,
+    store: EventStore,
+    fresh_db_url: str,
+    prefix: str,
+    tmp_path: Path,
+    unbuildable_problem: Path,
+) -> None:
+    env = base_env(tmp_path / "kf") | {
+        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "KF_DATABASE_URL": fresh_db_url,
+    }
+    # A tiny search: its seed kernel alone (one candidate).
+    tiny = ["--prefix", prefix, "--max-candidates", "1"]
+    tiny += ["--spec", json.dumps({"heartbeat_seconds": 5, "worker_wait_seconds": 30})]
+    start = ["search", "start", str(unbuildable_problem), *tiny, "--wait", "--json"]
+    # The worker runs throughout: a query (`kf search show`), even of a finished search, is answered by one.
+    async with running_worker(temporal_env.client, store, prefix):
+        started = await kf_many([start] * REPEATS, env)
+        for done in started:
+            assert_status(done, exit_status.OK)
+            result = json.loads(done.out)
+            assert result["status"] == "budget_exhausted" and result["verdict_counts"] == {"compile_error": 1}
+        search_id = json.loads(started[0].out)["search_id"]
+        await read_back(env, search_id, started)
+        # An id that names no search is the input's fault.
+        unknown = await kf(["search", "show", "search-that-never-ran"], env)
+        assert_status(unknown, exit_status.BAD_INPUT)
+        assert "`kf search list` shows the search ids" in unknown.err
+    # With no worker left to answer its query, a search cannot be shown: a service is down.
+    orphan = await kf(["search", "show", search_id], env)
+    assert_status(orphan, exit_status.MACHINE)
+    assert orphan.err.startswith("kf: error: no worker answers for this search") and orphan.err.count("\n") == 1
+
+
+async def read_back(env: dict[str, str], search_id: str, started: list[Done]) -> None:
+    """The commands that read what the searches left, each run many times, then with no reader for its output."""
+    runs = {
+        ("search", "list", "--json"): (REPEATS, exit_status.OK),
+        ("search", "show", search_id, "--json"): (REPEATS, exit_status.OK),
+        ("audit", search_id, "--json"): (REPEATS, exit_status.OK),  # the witness is read from Temporal
+        ("lessons", "--json"): (FEWER, exit_status.OK),
+        ("db", "status", "--json"): (FEWER, exit_status.OK),
+        ("status", "--json"): (FEWER, exit_status.OK),  # both servers external, and answering
+    }
+    argvs = [list(argv) for argv, (times, _) in runs.items() for _ in range(times)]
+    for done in await kf_many(argvs, env):
+        assert_status(done, runs[done.argv][1])
+        json.loads(done.out)  # the whole JSON document, not cut short
+    listed = json.loads((await kf(["search", "list", "--json"], env)).out)
+    assert {row["search_id"] for row in listed} >= {json.loads(d.out)["search_id"] for d in started}
+
+    # `kf lessons | head` when head has gone before the output arrives: 141, as for any command SIGPIPE kills.
+    for argv in (["lessons"], ["search", "list"], ["search", "show", search_id]):
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            done = await kf(argv, env, stdout=writer)
+        finally:
+            os.close(writer)
+        assert_status(done, exit_status.OUTPUT_CLOSED)
+
+
+BAD_INPUT = [
+    ["search", "start", "softmax", "--generations", "0"],
+    ["search", "show", "bad\nid"],
+    ["search", "list", "--limit", "0"],
+    ["lessons", "--target", "gpu"],
+    ["audit"],
+    ["evaluate", "--problem", "no_such_problem", "--source", "k.c"],
+    ["db", "status", "--database-url", "mysql://db/kf"],
+    ["worker", "--metrics-port", "0"],
+    ["no-such-command"],
+]
+
+
+async def test_bad_input_exits_2_before_any_server_is_contacted(services_down: dict[str, str]) -> None:
+    # The servers are down: a command that contacted one would exit 3, not 2.
+    for done in await kf_many(BAD_INPUT, services_down):
+        assert_status(done, exit_status.BAD_INPUT)
+
+
+SERVICE_COMMANDS = [
+    ["search", "list"],
+    ["search", "show", "search-softmax-0"],
+    ["search", "show", "search-softmax-0", "--wait", "--json"],
+    ["search", "start", "softmax"],
+    ["search", "pause", "search-softmax-0"],
+    ["audit", "search-softmax-0"],
+    ["audit", "--all"],
+    ["lessons"],
+    ["db", "status"],
+    ["db", "migrate"],
+]
+
+
+async def test_services_that_do_not_answer_exit_3_in_one_line(services_down: dict[str, str], tmp_path: Path) -> None:
+    # Configured servers that do not answer, then the embedded ones of a state folder where `kf up` never ran.
+    not_started = base_env(tmp_path / "never-up")
+    cases = [(services_down, SERVICE_COMMANDS, "cannot "), (not_started, SERVICE_COMMANDS[::3], "run `kf up` first")]
+    for env, argvs, says in cases:
+        for done in await kf_many(argvs, env):
+            assert_status(done, exit_status.MACHINE)
+            last = done.err.strip().splitlines()[-1]
+            assert last.startswith("kf: error: ") and says in last, done.err
+            assert done.err.strip().count("kf: error:") == 1, done.err
+
+
+async def test_a_machine_calibration_that_fails_exits_3_in_one_line(tmp_path: Path) -> None:
+    source = ROOT / "kernels" / "softmax" / "seed.c"
+    # The real `kf` entry point in a real process, on a machine whose calibration fails (as when its sandboxed
+    # worker gives no answer): measured figures are looked for in an empty folder, and the measurement fails.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import engine.harness.machine as machine
+
+        def no_result(*args, **kwargs):
+            raise machine.CalibrationFailed("machine calibration failed: no result")
+
+        machine._calibrate = no_result
+        sys.argv = ["kf", "evaluate", "--problem", "softmax", "--source", {str(source)!r}, "--budget", "0.2"]
+        from cli import entry
+        entry()
+        """
+    )
+    env = base_env(tmp_path / "kf") | {"KF_MACHINE_DIR": str(tmp_path / "machine")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=240)
+    done = Done(("evaluate",), process.returncode or 0, out.decode(), err.decode())
+    assert_status(done, exit_status.MACHINE)
+    assert done.err.strip().splitlines()[-1] == (
+        "kf evaluate: the machine failed, not the kernel: machine calibration failed: no result"
+    ), done.err
+    assert done.out == ""
