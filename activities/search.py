@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.metrics import observed_proposal, observed_record, observed_step
 from engine.errors import ArtifactCorrupt, InfrastructureError, UserError
 from engine.evidence.artifacts import ArtifactStore, StoredArtifact, digest_of
 from engine.evidence.events import NewEvent, StreamHead
@@ -46,7 +47,7 @@ from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.failures import recent_failures_from_events
 from engine.proposers.outcomes import propose_batch
 from engine.search.candidates import Candidate
-from engine.search.history import load_search_history, stream_of
+from engine.search.history import latest_incumbent_search, load_search_history, stream_of
 from engine.search.steps import (
     ProposeInput,
     ProposeOutput,
@@ -56,6 +57,7 @@ from engine.search.steps import (
     StepInput,
     StepOutput,
     TargetInfo,
+    playoff_event_id,
     step_event_id,
 )
 
@@ -170,12 +172,13 @@ class SearchActivities:
             rationale="the problem's naive seed kernel",
         )
         output = StartOutput(problem_fingerprint=problem.fingerprint(), seed_candidate=seed)
-        if start.spec.resume_from:
-            history = await load_search_history(self.store, start.spec.resume_from)
+        resume_from = await self._resume_point(start)
+        if resume_from:
+            history = await load_search_history(self.store, resume_from)
             if history.started is None:
                 raise non_retryable(
                     UserError(
-                        f"resume_from {start.spec.resume_from!r}: no such search in the event log; "
+                        f"resume_from {resume_from!r}: no such search in the event log; "
                         "`kf search list` shows the search ids"
                     )
                 )
@@ -186,7 +189,7 @@ class SearchActivities:
                 # The earlier incumbent is timed again here: its figures belong to the earlier run's
                 # machine and moment, and it must still beat numpy under today's noise.
                 output.seed_candidate = incumbent.model_copy(
-                    update={"proposer": "resumed", "rationale": f"incumbent of {start.spec.resume_from}"}
+                    update={"proposer": "resumed", "rationale": f"incumbent of {resume_from}"}
                 )
                 output.seen = [i for i in output.seen if i != incumbent.candidate_id]
         seed_id = output.seed_candidate.candidate_id
@@ -202,7 +205,7 @@ class SearchActivities:
                         "family": problem.family,
                         "problem_name": problem.name,
                         "seed_candidate_id": seed_id,
-                        "resumed_from": start.spec.resume_from,
+                        "resumed_from": resume_from,
                         "resumed_seen": len(output.seen),
                     },
                 ),
@@ -215,8 +218,22 @@ class SearchActivities:
         )
         return output
 
+    async def _resume_point(self, start: StartInput) -> str | None:
+        """The earlier search this one starts from: the spec's `resume_from`, or with `resume_latest` the search
+        that promoted last for the same problem and target (None: a cold start)."""
+        if not start.spec.resume_latest:
+            return start.spec.resume_from
+        # A retried start keeps the search its recorded start named: another may have promoted since, and the
+        # started event, appended under a fixed id, must not change.
+        recorded = await recorded_payload(self.store, f"{start.search_id}/started")
+        if recorded is not None:
+            named: str | None = recorded.get("resumed_from")
+            return named
+        return await latest_incumbent_search(self.store, start.spec.problem, start.spec.target, start.search_id)
+
     @activity.defn(name="kf.propose")
     @outage_tolerant
+    @observed_proposal
     async def propose(self, request: ProposeInput) -> ProposeOutput:
         """Ask the proposer agents for a generation's candidates; record them with their lineage, and every
         LLM call and failed proposal, in one append (a retried round finds it recorded and never pays twice)."""
@@ -240,7 +257,7 @@ class SearchActivities:
             target=request.target,
             generation=request.generation,
             count=request.count,
-            seed=request.spec.seed,
+            seed=request.spec.seed or 0,
             incumbent=request.incumbent,
             seen=request.seen,
             hints=request.spec.hints,
@@ -293,6 +310,7 @@ class SearchActivities:
 
     @activity.defn(name="kf.record")
     @outage_tolerant
+    @observed_record
     async def record(self, fact: RecordInput) -> StreamHead:
         """Append a workflow-level fact (target resolved, promotion, generation done, message, finish); returns
         the stream's head as of it, for the workflow's history to keep."""
@@ -316,6 +334,7 @@ class SearchActivities:
 
     @activity.defn(name="kf.compile")
     @outage_tolerant
+    @observed_step
     async def compile(self, step: StepInput) -> StepOutput:
         """Compile a candidate into a content-addressed artifact, or a structured compile error."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "compiled")
@@ -349,6 +368,7 @@ class SearchActivities:
 
     @activity.defn(name="kf.validate")
     @outage_tolerant
+    @observed_step
     async def validate(self, step: StepInput) -> StepOutput:
         """Prove a compiled candidate correct on fresh inputs, in the sandbox."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "validated")
@@ -386,9 +406,25 @@ class SearchActivities:
 
     @activity.defn(name="kf.benchmark")
     @outage_tolerant
+    @observed_step
     async def benchmark(self, step: StepInput) -> StepOutput:
         """Time a candidate against the incumbent and numpy, interleaved in one sandboxed process."""
         event_id = step_event_id(step.search_id, step.generation, step.candidate.candidate_id, "benchmarked")
+        return await self._timed(step, event_id, "candidate.benchmarked", "benchmark")
+
+    @activity.defn(name="kf.playoff")
+    @outage_tolerant
+    @observed_step
+    async def playoff(self, step: StepInput) -> StepOutput:
+        """One round of a search's final playoff: the challenger ``step.candidate`` timed against the playoff's
+        leader (``step.incumbent_artifact_id``) and numpy, with the playoff's larger budget. Recorded as
+        search.playoff_round: a re-measurement of candidates already judged, never a new candidate verdict."""
+        assert step.incumbent_artifact_id is not None, "a playoff round needs the leader's artifact"
+        event_id = playoff_event_id(step.search_id, step.candidate.candidate_id, step.incumbent_artifact_id)
+        return await self._timed(step, event_id, "search.playoff_round", "playoff")
+
+    async def _timed(self, step: StepInput, event_id: str, event_type: str, name: str) -> StepOutput:
+        """The benchmark step and a playoff round alike: time, record under ``event_id``, return the figures."""
         recorded = await self._recorded_output(event_id)
         if recorded is not None:
             return recorded
@@ -428,7 +464,7 @@ class SearchActivities:
         judged = reports[:-1] if untimed else reports
         verdict = next((str(r.verdict) for r in judged if str(r.verdict) != "ok"), "ok")
         output = StepOutput(
-            step="benchmark",
+            step=name,
             verdict=verdict,
             event_id=event_id,
             artifact_id=artifact_id,
@@ -445,7 +481,7 @@ class SearchActivities:
         output.head = await self._append_outcome(
             step,
             event_id,
-            "candidate.benchmarked",
+            event_type,
             output,
             {
                 "reports": [r.model_dump(mode="json") for r in reports],

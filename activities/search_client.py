@@ -10,6 +10,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from engine.search.console import static_details, summary
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
 from workflows.kernel_search import (
@@ -19,6 +20,10 @@ from workflows.kernel_search import (
     TARGET_ATTR,
     KernelSearch,
 )
+
+# A workflow task that keeps failing is a bug, not bad input (the workflow validates its input itself); cap the
+# whole search's life at a generous bound so a forgotten one ends.
+SEARCH_TIMEOUT = timedelta(days=30)
 
 
 def new_search_id(spec: SearchSpec) -> str:
@@ -30,20 +35,31 @@ def new_search_id(spec: SearchSpec) -> str:
 async def start_search(
     client: Client, spec: SearchSpec, search_id: str | None = None
 ) -> WorkflowHandle[KernelSearch, SearchResult]:
-    """Start a KernelSearch on the control queue; the spec travels as the plain dict the UI would send."""
+    """Start a KernelSearch on the control queue; the spec travels as the plain dict the UI would send. The UI
+    shows the search's summary and details (engine/search/console.py) on its page and in the list."""
     workflow_id = search_id or new_search_id(spec)
     return await client.start_workflow(
         "KernelSearch",
-        spec.model_dump(mode="json", exclude_defaults=True) | {"problem": spec.problem},
+        search_input(spec),
         id=workflow_id,
         task_queue=control_queue(spec.task_queue_prefix),
         result_type=SearchResult,
-        search_attributes=TypedSearchAttributes(
-            [SearchAttributePair(PROBLEM_ATTR, spec.problem), SearchAttributePair(TARGET_ATTR, spec.target)]
-        ),
-        # A workflow task that keeps failing is a bug, not bad input (the workflow validates its input
-        # itself); cap the whole search's life at a generous bound so a forgotten one ends.
-        execution_timeout=timedelta(days=30),
+        search_attributes=search_attributes(spec),
+        execution_timeout=SEARCH_TIMEOUT,
+        static_summary=summary(spec),
+        static_details=static_details(spec),
+    )
+
+
+def search_input(spec: SearchSpec) -> dict[str, Any]:
+    """The workflow's input: the fields that differ from their defaults, as a user would type them in the UI."""
+    return spec.model_dump(mode="json", exclude_defaults=True) | {"problem": spec.problem}
+
+
+def search_attributes(spec: SearchSpec) -> TypedSearchAttributes:
+    """The list view's columns a search has from its start (the workflow keeps Generation and BestSpeedup)."""
+    return TypedSearchAttributes(
+        [SearchAttributePair(PROBLEM_ATTR, spec.problem), SearchAttributePair(TARGET_ATTR, spec.target)]
     )
 
 

@@ -84,7 +84,13 @@ def build_workers(
                 identity=acts.identity,
             )
         )
-    hardware_acts: list[Callable[..., Any]] = [acts.describe_worker, acts.compile, acts.validate, acts.benchmark]
+    hardware_acts: list[Callable[..., Any]] = [
+        acts.describe_worker,
+        acts.compile,
+        acts.validate,
+        acts.benchmark,
+        acts.playoff,
+    ]
     for target in targets:
         gpu = target.startswith("cuda-")
         if not gpu:

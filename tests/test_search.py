@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,6 +60,9 @@ async def test_two_generation_search_records_everything_and_promotes_only_on_con
     events = await store.read_stream(stream_of(handle.id))
     assert_complete_record(events, result)
     assert await store.verify(stream_of(handle.id)) is None
+    # No seed given: the search drew one and recorded it, so it can be repeated with --seed.
+    started = next(e for e in events if e.type == "search.started")
+    assert isinstance(started.payload["spec"]["seed"], int) and 0 <= started.payload["spec"]["seed"] < 2**32
 
     history = await load_search_history(store, handle.id)
     assert history.incumbent is not None
@@ -220,3 +224,39 @@ async def test_resume_from_starts_at_the_earlier_incumbent_and_skips_its_candida
     assert seed.candidate_id == first_result.incumbent.candidate_id
     repeated = (set(later.candidates) - {seed.candidate_id}) & set(earlier.candidates)
     assert not repeated, "a candidate of the earlier search was evaluated again"
+
+
+async def test_the_final_playoff_ends_the_search_on_the_fastest_kernel_it_saw(
+    client: Client, store: EventStore, prefix: str
+) -> None:
+    # The copy problem's settings are all about as fast: their intervals overlap, so a playoff must decide.
+    copy = Path(__file__).resolve().parent.parent / "bench" / "problems" / "copy"
+    async with running_worker(client, store, prefix):
+        handle = await start(
+            client,
+            prefix,
+            {"problem": str(copy), "generations": 1, "candidates_per_generation": 4, "seed": 5, **QUICK},
+        )
+        result = await handle.result()
+    events = await store.read_stream(stream_of(handle.id))
+    assert_complete_record(events, result)
+    [playoff] = [e.payload for e in events if e.type == "search.playoff"]
+    rounds = playoff["rounds"]
+    assert rounds and rounds == result.playoff_rounds
+    # Each round's leader is the incumbent, or the challenger that won the round before.
+    leader = playoff["incumbent_id"]
+    for round_ in rounds:
+        assert round_["leader_id"] == leader and round_["challenger_id"] != leader
+        if round_["challenger_won"]:
+            assert round_["ratio_ci_low"] > 1.0
+            leader = round_["challenger_id"]
+    assert playoff["winner_id"] == leader == result.incumbent.candidate_id
+    # A re-measurement, never a new verdict: the playoff adds no candidate step outcomes.
+    rounds_recorded = [e for e in events if e.type == "search.playoff_round"]
+    assert len(rounds_recorded) == len([r for r in rounds if r["verdict"] != "harness_error"])
+    promoted = [
+        e.payload for e in events if e.type == "incumbent.promoted" and e.event_id.endswith("/playoff/promoted")
+    ]
+    assert bool(promoted) == (leader != playoff["incumbent_id"])
+    history = await load_search_history(store, handle.id)
+    assert history.incumbent is not None and history.incumbent.candidate.candidate_id == leader

@@ -21,10 +21,21 @@ with workflow.unsafe.imports_passed_through():
     from engine.evidence.events import StreamHead
     from engine.input_errors import explain
     from engine.search.candidates import Candidate
+    from engine.search.console import current_details
     from engine.search.promotion import choose_promotion
-    from engine.search.spec import Budget, SearchSpec, check_hint, compile_queue, control_queue, target_queue
+    from engine.search.spec import (
+        MAX_BENCHMARK_SECONDS,
+        MAX_SEED,
+        Budget,
+        SearchSpec,
+        check_hint,
+        compile_queue,
+        control_queue,
+        target_queue,
+    )
     from engine.search.state import (
         CandidateOutcome,
+        Contender,
         Incumbent,
         SearchResult,
         SearchState,
@@ -73,6 +84,12 @@ HARDWARE_RETRY = RetryPolicy(
 # The start-to-close timeout of a control step that only reads and appends: a backstop against an attempt that
 # is alive but stuck, longer than the default outage patience (600 s) the step may spend waiting for Postgres.
 RECORD_MINUTES = 15
+# The final playoff: at most this many challengers, the fastest correct candidates whose interval reaches the
+# incumbent's, each timed against the playoff's leader with this many times a candidate's benchmark budget.
+PLAYOFF_CONTENDERS = 3
+PLAYOFF_BUDGET_MULTIPLE = 4.0
+# Histories recorded before the playoff existed replay without it (workflow.patched).
+PLAYOFF_PATCH = "final-playoff"
 STATE_KEY = "state"
 
 
@@ -88,6 +105,8 @@ class KernelSearch:
         self._proposed: dict[str, Candidate] = {}
         # Set when a generation proposes nothing new; the search then ends.
         self._exhausted: str | None = None
+        # The fastest correct candidate measured in the running generation, until the generation's promotion.
+        self._leading: CandidateOutcome | None = None
 
     # -- entry -----------------------------------------------------------------------------------------
 
@@ -98,10 +117,15 @@ class KernelSearch:
         # typed `Any`, not a dict: with a dict hint the SDK itself refuses `[1]` while decoding, as a task failure.
         state = self._state_from_input(raw)
         self._state = state
+        self._show_progress()
         spec = state.spec
         queues = control_queue(spec.task_queue_prefix)
         if state.started_at is None:
             state.started_at = workflow.now()
+            if spec.seed is None:
+                # A fresh seed per search (workflow.random() is recorded with the run, so replay draws the same),
+                # kept in the spec that search.started records: the search can be repeated exactly with it.
+                state.spec = spec = spec.model_copy(update={"seed": workflow.random().randint(0, MAX_SEED)})
             start = await self._control(
                 "kf.start_search", StartInput(search_id=state.search_id, spec=spec), StartOutput
             )
@@ -115,6 +139,7 @@ class KernelSearch:
             state.target_queue = info.queue
             await self._record(f"{state.search_id}/target", "search.target_resolved", info.model_dump(mode="json"))
         self._upsert_progress()
+        self._show_progress()
         workflow.logger.info("search %s runs on %s (control %s)", state.search_id, state.target_queue, queues)
 
         while state.generation <= spec.generations and not self._should_end():
@@ -125,11 +150,15 @@ class KernelSearch:
             state.generation += 1
             self._generations_this_run += 1
             self._upsert_progress()
+            self._show_progress()
             if state.generation <= spec.generations and self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new({STATE_KEY: state.model_dump(mode="json")})
 
+        if state.incumbent is not None and not state.playoff_rounds and workflow.patched(PLAYOFF_PATCH):
+            await self._playoff()
         state.status = self._final_status()
+        self._show_progress()
         result = self._result()
         await self._record(
             f"{state.search_id}/finished", "search.finished", result.model_dump(mode="json", exclude={"head"})
@@ -210,6 +239,9 @@ class KernelSearch:
 
         results = await asyncio.gather(*(bounded(c) for c in candidates))
         outcomes = [o for o in results if o is not None]
+        # Every candidate of the generation is judged: the promotion decides now, and no candidate is "leading".
+        self._leading = None
+        self._show_progress()
         await self._promote(outcomes)
         await self._record(
             f"{state.search_id}/g{state.generation}/completed",
@@ -241,7 +273,7 @@ class KernelSearch:
             benchmark_seconds=state.spec.benchmark_seconds,
             # The interval promotion reads must be at the level the policy (and the promotion event) states.
             confidence=state.spec.promotion.confidence,
-            seed=state.spec.seed + state.generation,
+            seed=(state.spec.seed or 0) + state.generation,
             target=self._target_name(),
         )
         outcome = CandidateOutcome(candidate_id=candidate.candidate_id, label=candidate.label, verdict="harness_error")
@@ -296,7 +328,130 @@ class KernelSearch:
             state.harness_errors.append(candidate.candidate_id)
         else:
             state.verdict_counts[outcome.verdict] = state.verdict_counts.get(outcome.verdict, 0) + 1
+        if outcome.verdict == "ok" and outcome.speedup is not None:
+            if self._leading is None or outcome.speedup > (self._leading.speedup or 0.0):
+                self._leading = outcome
+            self._keep_contender(candidate, outcome)
+        self._show_progress()
         return outcome
+
+    def _keep_contender(self, candidate: Candidate, outcome: CandidateOutcome) -> None:
+        """Keep the fastest correct candidates (by speedup over numpy) for the final playoff."""
+        state = self._require_state()
+        if outcome.artifact_id is None or any(
+            c.candidate.candidate_id == candidate.candidate_id for c in state.contenders
+        ):
+            return
+        state.contenders.append(Contender(candidate=candidate, outcome=outcome))
+        state.contenders.sort(key=lambda c: (-(c.outcome.speedup or 0.0), c.candidate.candidate_id))
+        # One more than the challengers: the incumbent itself is usually among them.
+        del state.contenders[PLAYOFF_CONTENDERS + 1 :]
+
+    # -- the final playoff -----------------------------------------------------------------------------
+
+    async def _playoff(self) -> None:
+        """Time the incumbent against the best other candidates with a larger budget, so the search ends on
+        the fastest kernel it saw, not on one a 2% promotion margin (or a noisy reading) left in place.
+
+        Challengers: contenders whose speedup interval reaches the incumbent's lower end, fastest first. Each
+        round times a challenger against the current leader (the incumbent to begin with); the challenger
+        takes the lead when the lower end of its ratio's interval is above 1 -- faster with confidence, with no
+        margin: the margin rations exploration, and here nothing is left to explore. A round the harness could
+        not finish (infrastructure) leaves the leader in place and says so."""
+        state = self._require_state()
+        incumbent = state.incumbent
+        assert incumbent is not None
+        spec = state.spec
+        challengers = [
+            c
+            for c in state.contenders
+            if c.candidate.candidate_id != incumbent.candidate.candidate_id
+            and c.outcome.artifact_id is not None
+            and (c.outcome.speedup_ci_high or c.outcome.speedup or 0.0) >= incumbent.ci_low
+        ][:PLAYOFF_CONTENDERS]
+        if not challengers:
+            return
+        leader_candidate, leader_artifact = incumbent.candidate, incumbent.artifact_id
+        won: StepOutput | None = None
+        for number, challenger in enumerate(challengers, start=1):
+            assert challenger.outcome.artifact_id is not None
+            step = StepInput(
+                search_id=state.search_id,
+                generation=state.current_generation,
+                problem=spec.problem,
+                candidate=challenger.candidate,
+                threads=spec.threads,
+                artifact_id=challenger.outcome.artifact_id,
+                incumbent_artifact_id=leader_artifact,
+                benchmark_seconds=min(spec.benchmark_seconds * PLAYOFF_BUDGET_MULTIPLE, MAX_BENCHMARK_SECONDS),
+                confidence=spec.promotion.confidence,
+                seed=(spec.seed or 0) + 1_000_003 * number,
+                target=self._target_name(),
+            )
+            round_: dict[str, Any] = {
+                "round": number,
+                "challenger_id": challenger.candidate.candidate_id,
+                "challenger_label": challenger.candidate.label,
+                "leader_id": leader_candidate.candidate_id,
+            }
+            try:
+                timed = await self._hardware("kf.playoff", step, minutes=30)
+            except ActivityError as error:
+                round_ |= {"verdict": "harness_error", "error": str(error.cause or error), "challenger_won": False}
+                state.playoff_rounds.append(round_)
+                continue
+            self._witness(timed.head)
+            took_lead = timed.verdict == "ok" and timed.ratio_ci_low is not None and timed.ratio_ci_low > 1.0
+            round_ |= {
+                "verdict": timed.verdict,
+                "ratio": timed.ratio,
+                "ratio_ci_low": timed.ratio_ci_low,
+                "ratio_ci_high": timed.ratio_ci_high,
+                "speedup": timed.speedup,
+                "challenger_won": took_lead,
+            }
+            state.playoff_rounds.append(round_)
+            if took_lead:
+                leader_candidate, leader_artifact, won = challenger.candidate, challenger.outcome.artifact_id, timed
+        winner = leader_candidate.candidate_id
+        await self._record(
+            f"{state.search_id}/playoff",
+            "search.playoff",
+            {
+                "incumbent_id": incumbent.candidate.candidate_id,
+                "winner_id": winner,
+                "rounds": state.playoff_rounds,
+                "budget_seconds": min(spec.benchmark_seconds * PLAYOFF_BUDGET_MULTIPLE, MAX_BENCHMARK_SECONDS),
+            },
+        )
+        if won is None or won.speedup is None:
+            return
+        state.incumbent = Incumbent(
+            candidate=leader_candidate,
+            artifact_id=leader_artifact,
+            speedup=won.speedup,
+            ci_low=won.speedup_ci_low if won.speedup_ci_low is not None else won.speedup,
+            ci_high=won.speedup_ci_high if won.speedup_ci_high is not None else won.speedup,
+            generation=state.current_generation,
+        )
+        promotion = {
+            "generation": state.current_generation,
+            "candidate_id": winner,
+            "label": leader_candidate.label,
+            "previous_id": incumbent.candidate.candidate_id,
+            "ratio": won.ratio,
+            "ratio_ci_low": won.ratio_ci_low,
+            "ratio_ci_high": won.ratio_ci_high,
+            "speedup": won.speedup,
+            "reason": "won the final playoff: faster than the leader with confidence, timed with a larger budget",
+        }
+        state.promotions.append(promotion)
+        self._show_progress()
+        await self._record(
+            f"{state.search_id}/playoff/promoted",
+            "incumbent.promoted",
+            {**promotion, "incumbent": state.incumbent.model_dump(mode="json")},
+        )
 
     async def _promote(self, outcomes: list[CandidateOutcome]) -> None:
         state = self._require_state()
@@ -336,6 +491,7 @@ class KernelSearch:
             "reason": reason,
         }
         state.promotions.append(promotion)
+        self._show_progress()
         await self._record(
             f"{state.search_id}/g{state.generation}/promoted",
             "incumbent.promoted",
@@ -493,6 +649,14 @@ class KernelSearch:
             updates.append(BEST_SPEEDUP_ATTR.value_set(state.incumbent.speedup))
         workflow.upsert_search_attributes(updates)
 
+    def _show_progress(self) -> None:
+        """Set the current details the Temporal UI shows on the search's page (engine/search/console.py).
+
+        Called after every verdict, promotion, generation and message. It is no command: nothing enters the
+        history, so it may be called anywhere without touching determinism (the workflow's metadata query
+        answers with the latest text, also when a closed search is replayed to answer it)."""
+        workflow.set_current_details(current_details(self._require_state(), workflow.now(), self._leading))
+
     def _require_state(self) -> SearchState:
         if self._state is None:
             raise ApplicationError("the search has not started yet", non_retryable=True)
@@ -512,6 +676,7 @@ class KernelSearch:
             verdict_counts=dict(state.verdict_counts),
             harness_errors=len(state.harness_errors),
             generations_run=state.generation,
+            playoff_rounds=list(state.playoff_rounds),
             head=state.head,
         )
 
@@ -522,13 +687,15 @@ class KernelSearch:
         """Progress for people and the CLI; a query never changes the search."""
         state = self._require_state()
         inc = state.incumbent
+        leading = self._leading
         return SearchStatus(
             search_id=state.search_id,
             problem=state.spec.problem,
             target=state.spec.target,
             target_queue=state.target_queue,
             status="paused" if state.paused and not state.stop_requested else state.status,
-            generation=state.generation,
+            # The generation running (or the last one run): ``state.generation`` is the next one to run.
+            generation=state.current_generation,
             generations=state.spec.generations,
             candidates_done=state.candidates_done,
             verdict_counts=dict(state.verdict_counts),
@@ -538,12 +705,17 @@ class KernelSearch:
             incumbent_id=inc.candidate.candidate_id if inc else None,
             llm_spend_usd=state.llm_spend_usd,
             hints=list(state.spec.hints),
+            best_ci_low=inc.ci_low if inc else None,
+            best_ci_high=inc.ci_high if inc else None,
+            leading_speedup=leading.speedup if leading else None,
+            leading=f"{leading.label} ({leading.candidate_id[:12]})" if leading else None,
         )
 
     @workflow.update
     async def pause(self) -> SearchStatus:
         """Stop starting new work; what is running finishes."""
         self._require_state().paused = True
+        self._show_progress()
         await self._record_message("paused", {})
         return self.status()
 
@@ -551,6 +723,7 @@ class KernelSearch:
     async def resume(self) -> SearchStatus:
         """Undo a pause."""
         self._require_state().paused = False
+        self._show_progress()
         await self._record_message("resumed", {})
         return self.status()
 
@@ -558,6 +731,7 @@ class KernelSearch:
     async def stop(self) -> SearchStatus:
         """End gracefully: running candidates finish, the record is completed, nothing new starts."""
         self._require_state().stop_requested = True
+        self._show_progress()
         await self._record_message("stop_requested", {})
         return self.status()
 
@@ -565,6 +739,7 @@ class KernelSearch:
     async def add_hint(self, text: str) -> SearchStatus:
         """A human hint that proposers see from the next generation on."""
         self._require_state().spec.hints.append(text.strip())
+        self._show_progress()
         await self._record_message("hint_added", {"text": text.strip()})
         return self.status()
 
@@ -579,6 +754,7 @@ class KernelSearch:
         state = self._require_state()
         merged = state.spec.budget.model_dump() | {k: v for k, v in budget.items() if v is not None}
         state.spec.budget = Budget.model_validate(merged)
+        self._show_progress()
         await self._record_message("budget_extended", state.spec.budget.model_dump(mode="json"))
         return self.status()
 

@@ -1,4 +1,4 @@
-"""A search rebuilt from its event log: what resume_from starts from and what `kf audit` shows.
+"""A search rebuilt from its event log: what resume_from (or resume_latest) starts from and what `kf audit` shows.
 
 The event log, not Temporal's history, is the record: a search can be rebuilt after its workflow history is
 gone (retention), on another cluster, or years later.
@@ -135,3 +135,28 @@ def rebuild(search_id: str, events: list[RecordedEvent]) -> SearchHistory:
 async def load_search_history(store: EventStore, search_id: str) -> SearchHistory:
     """Read a search's stream and rebuild it."""
     return rebuild(search_id, await store.read_stream(stream_of(search_id)))
+
+
+async def latest_incumbent_search(store: EventStore, problem: str, target: str, exclude: str) -> str | None:
+    """The id of the search, other than ``exclude``, whose incumbent was promoted last among the searches whose
+    spec named this ``problem`` and ``target`` (as written: `cpu` and `cpu-x86_64-avx512` are two targets
+    here); None when no such search has promoted anything. What a `resume_latest` search starts from."""
+    # Ordered by the promotion's position, not the search's start: a long search that promoted after a
+    # shorter, later one holds the newer incumbent.
+    stream: str | None = await store.pool.fetchval(
+        """
+        SELECT promoted.stream_id FROM events AS promoted
+        WHERE promoted.type = 'incumbent.promoted' AND promoted.stream_id <> $3
+          AND EXISTS (
+            SELECT 1 FROM events AS started
+            WHERE started.stream_id = promoted.stream_id AND started.type = 'search.started'
+              AND started.payload -> 'spec' ->> 'problem' = $1 AND started.payload -> 'spec' ->> 'target' = $2
+          )
+        ORDER BY promoted.position DESC
+        LIMIT 1
+        """,
+        problem,
+        target,
+        stream_of(exclude),
+    )
+    return None if stream is None else stream.removeprefix("search-")

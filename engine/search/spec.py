@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 ProposerKind = Literal["random", "search", "llm", "mixed"]
 
@@ -144,10 +144,16 @@ class SearchSpec(BaseModel):
     """Cores a kernel may use while validated and timed."""
     benchmark_seconds: float = Field(default=1.0, gt=0, le=MAX_BENCHMARK_SECONDS, strict=True)
     """Timing budget of one candidate's benchmark, across its shapes."""
-    seed: int = Field(default=0, ge=0, le=MAX_SEED, strict=True)
-    """Seeds the proposers' randomness: the same spec and evidence propose the same candidates."""
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)
+    """Seeds the proposers' randomness: the same spec and evidence propose the same candidates. None (the
+    default): the search draws a fresh one when it starts and records it in search.started, so two cold
+    searches of a problem explore differently and either can be repeated exactly by giving its seed."""
     resume_from: SearchId | None = None
     """An earlier search id: start from its incumbent and skip what it already evaluated."""
+    resume_latest: bool = Field(default=False, strict=True)
+    """Start from the newest incumbent any earlier search of this `problem` on this `target` (both as written in
+    the spec) recorded, and skip what that search evaluated, as `resume_from` would; with none recorded yet, a
+    cold start from the seed kernel. What `kf schedule create` sets, so each run warm-starts from the last."""
     hints: list[Hint] = Field(default_factory=list, max_length=MAX_HINTS)
     """Human hints that proposers see."""
     worker_wait_seconds: int = Field(default=120, ge=1, le=86_400, strict=True)
@@ -163,6 +169,13 @@ class SearchSpec(BaseModel):
         description="of letters, digits, '_', '.' and '-'",
     )
     """Prefix of the task queues (`kf-control`, `kf-cpu-…`); tests isolate themselves with their own."""
+
+    @model_validator(mode="after")
+    def _one_resume(self) -> SearchSpec:
+        # Two starting points would leave the seed of generation 0 to chance: say which one is meant.
+        if self.resume_latest and self.resume_from is not None:
+            raise ValueError("resume_from and resume_latest exclude each other: name one earlier search, or none")
+        return self
 
 
 def check_hint(text: object, hints_so_far: int = 0) -> str:

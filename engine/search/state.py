@@ -58,6 +58,15 @@ class CandidateOutcome(BaseModel):
     """True when the outcome was found in the event log rather than measured again."""
 
 
+class Contender(BaseModel):
+    """A correct, timed candidate kept for the search's final playoff."""
+
+    candidate: Candidate
+    """The candidate itself."""
+    outcome: CandidateOutcome
+    """Its evaluation (verdict ok, with its artifact and speedup over numpy)."""
+
+
 class SearchState(BaseModel):
     """The whole state of a search; passed to the next run on continue-as-new."""
 
@@ -88,6 +97,11 @@ class SearchState(BaseModel):
     """When the search started (workflow time), for the wall-time budget."""
     promotions: list[dict[str, Any]] = Field(default_factory=list)
     """Every promotion: generation, candidate id, label, speedup and interval."""
+    contenders: list[Contender] = Field(default_factory=list)
+    """The fastest correct candidates timed so far (at most PLAYOFF_CONTENDERS, by speedup over numpy): who
+    the final playoff may time against the incumbent."""
+    playoff_rounds: list[dict[str, Any]] = Field(default_factory=list)
+    """The final playoff's rounds, once it ran: challenger, leader, ratio and interval, winner."""
     status: str = "running"
     """running, paused, completed, stopped, budget_exhausted, exhausted (nothing new to propose)."""
     head: StreamHead | None = None
@@ -103,6 +117,25 @@ class SearchState(BaseModel):
         """Candidates judged: evaluated (or reused) with a verdict; harness errors are not judged."""
         failed = set(self.harness_errors)
         return sum(1 for cid in self.evaluated if cid not in failed)
+
+    @property
+    def current_generation(self) -> int:
+        """The generation running now, or the last one run once the search has ended: what people are shown.
+
+        ``generation`` is the next generation to run, so it reads N+1 after the last of N (and a stop between
+        generations leaves it at one never run): never shown as such."""
+        if self.status != "running":
+            return max(self.generation - 1, 0)
+        return min(self.generation, self.spec.generations)
+
+    @property
+    def phase(self) -> str:
+        """What the search is doing, for people: running, paused or stopping while it runs; then its status."""
+        if self.status != "running":
+            return self.status
+        if self.stop_requested:
+            return "stopping"
+        return "paused" if self.paused else "running"
 
 
 class SearchStatus(BaseModel):
@@ -138,6 +171,15 @@ class SearchStatus(BaseModel):
     """Spend on LLM calls so far."""
     hints: list[str]
     """Hints proposers see."""
+    best_ci_low: float | None = None
+    """Lower end of the incumbent's speedup interval."""
+    best_ci_high: float | None = None
+    """Upper end of the incumbent's speedup interval."""
+    leading_speedup: float | None = None
+    """The fastest correct candidate measured in the running generation, over numpy: promotion is decided when
+    the generation ends, so until then this may be ahead of ``best_speedup``."""
+    leading: str | None = None
+    """That candidate's label and id prefix."""
 
 
 class SearchResult(BaseModel):
@@ -162,6 +204,8 @@ class SearchResult(BaseModel):
     harness_errors: int = 0
     """Candidates the harness or the infrastructure failed to judge: not a verdict (see `kf audit`)."""
     generations_run: int
+    playoff_rounds: list[dict[str, Any]] = Field(default_factory=list)
+    """The final playoff's rounds (empty when no candidate came close enough to the incumbent to need one)."""
     """Generations completed, counting the seed's generation 0."""
     head: StreamHead | None = None
     """The search's event stream when it finished (its ``search.finished`` event or a later message): the

@@ -20,6 +20,11 @@ def step_event_id(search_id: str, generation: int, candidate_id: str, step: str)
     return f"{search_id}/g{generation}/{candidate_id[:24]}/{step}"
 
 
+def playoff_event_id(search_id: str, challenger_id: str, leader_artifact_id: str) -> str:
+    """The idempotency key of one round of a search's final playoff (a challenger against the leader)."""
+    return f"{search_id}/playoff/{challenger_id[:24]}/vs/{leader_artifact_id[:24]}"
+
+
 class StartInput(BaseModel):
     """Opens a search's record."""
 
@@ -127,7 +132,7 @@ class StepOutput(BaseModel):
     """One step's verdict and its figures; the full evidence is in the event log under ``event_id``."""
 
     step: str
-    """compile, validate or benchmark."""
+    """compile, validate, benchmark, or playoff (a round of the search's final playoff)."""
     verdict: str
     """ok, compile_error, incorrect, crash, timeout, resource_limit, impossible."""
     event_id: str
