@@ -426,31 +426,13 @@ class KernelSearch:
         )
         if won is None or won.speedup is None:
             return
-        state.incumbent = Incumbent(
-            candidate=leader_candidate,
-            artifact_id=leader_artifact,
-            speedup=won.speedup,
-            ci_low=won.speedup_ci_low if won.speedup_ci_low is not None else won.speedup,
-            ci_high=won.speedup_ci_high if won.speedup_ci_high is not None else won.speedup,
-            generation=state.current_generation,
-        )
-        promotion = {
-            "generation": state.current_generation,
-            "candidate_id": winner,
-            "label": leader_candidate.label,
-            "previous_id": incumbent.candidate.candidate_id,
-            "ratio": won.ratio,
-            "ratio_ci_low": won.ratio_ci_low,
-            "ratio_ci_high": won.ratio_ci_high,
-            "speedup": won.speedup,
-            "reason": "won the final playoff: faster than the leader with confidence, timed with a larger budget",
-        }
-        state.promotions.append(promotion)
-        self._show_progress()
-        await self._record(
+        await self._install_incumbent(
+            leader_candidate,
+            leader_artifact,
+            won,
+            state.current_generation,
+            "won the final playoff: faster than the leader with confidence, timed with a larger budget",
             f"{state.search_id}/playoff/promoted",
-            "incumbent.promoted",
-            {**promotion, "incumbent": state.incumbent.model_dump(mode="json")},
         )
 
     async def _promote(self, outcomes: list[CandidateOutcome]) -> None:
@@ -469,33 +451,52 @@ class KernelSearch:
             )
         if chosen is None or chosen.artifact_id is None or chosen.speedup is None:
             return
-        candidate = self._candidate_by_id(chosen.candidate_id)
+        await self._install_incumbent(
+            self._candidate_by_id(chosen.candidate_id),
+            chosen.artifact_id,
+            chosen,
+            state.generation,
+            reason,
+            f"{state.search_id}/g{state.generation}/promoted",
+        )
+
+    async def _install_incumbent(
+        self,
+        candidate: Candidate,
+        artifact_id: str,
+        figures: CandidateOutcome | StepOutput,
+        generation: int,
+        reason: str,
+        event_id: str,
+    ) -> None:
+        """Make ``candidate`` the incumbent with the speedup ``figures`` measured, and record the promotion
+        (a generation's promotion and the final playoff's alike)."""
+        state = self._require_state()
+        assert figures.speedup is not None
         previous = state.incumbent.candidate.candidate_id if state.incumbent else None
         state.incumbent = Incumbent(
             candidate=candidate,
-            artifact_id=chosen.artifact_id,
-            speedup=chosen.speedup,
-            ci_low=chosen.speedup_ci_low if chosen.speedup_ci_low is not None else chosen.speedup,
-            ci_high=chosen.speedup_ci_high if chosen.speedup_ci_high is not None else chosen.speedup,
-            generation=state.generation,
+            artifact_id=artifact_id,
+            speedup=figures.speedup,
+            ci_low=figures.speedup_ci_low if figures.speedup_ci_low is not None else figures.speedup,
+            ci_high=figures.speedup_ci_high if figures.speedup_ci_high is not None else figures.speedup,
+            generation=generation,
         )
         promotion = {
-            "generation": state.generation,
+            "generation": generation,
             "candidate_id": candidate.candidate_id,
             "label": candidate.label,
             "previous_id": previous,
-            "ratio": chosen.ratio,
-            "ratio_ci_low": chosen.ratio_ci_low,
-            "ratio_ci_high": chosen.ratio_ci_high,
-            "speedup": chosen.speedup,
+            "ratio": figures.ratio,
+            "ratio_ci_low": figures.ratio_ci_low,
+            "ratio_ci_high": figures.ratio_ci_high,
+            "speedup": figures.speedup,
             "reason": reason,
         }
         state.promotions.append(promotion)
         self._show_progress()
         await self._record(
-            f"{state.search_id}/g{state.generation}/promoted",
-            "incumbent.promoted",
-            {**promotion, "incumbent": state.incumbent.model_dump(mode="json")},
+            event_id, "incumbent.promoted", {**promotion, "incumbent": state.incumbent.model_dump(mode="json")}
         )
 
     def _candidate_by_id(self, candidate_id: str) -> Candidate:
