@@ -24,7 +24,7 @@ typecheck: $(BIN)/kf
 	$(BIN)/mypy
 
 unit: $(BIN)/kf
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 up: $(BIN)/kf
 	$(BIN)/kf up

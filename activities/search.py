@@ -475,6 +475,7 @@ class SearchActivities:
             speedup=None if untimed else numpy_report.speedup,
             speedup_ci_low=None if untimed else numpy_report.ci_low,
             speedup_ci_high=None if untimed else numpy_report.ci_high,
+            roofline_fraction=versus.roofline_fraction,
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,
         )

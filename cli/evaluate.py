@@ -255,15 +255,26 @@ def render(result: Evaluation) -> str:
     if report is not None and report.shapes:
         lines.append(f"  per shape (median per call, vs {report.reference}):")
         width = max(len(_shape_text(s.shape)) for s in report.shapes)
-        lines.append(f"    {'shape':<{width}}  {'candidate':>10}  {'reference':>10}  ratio [95% CI]")
+        lines.append(f"    {'shape':<{width}}  {'candidate':>10}  {'reference':>10}  {'roofline':>8}  ratio [95% CI]")
         for s in report.shapes:
             lines.append(
                 f"    {_shape_text(s.shape):<{width}}  {_time_text(s.candidate_ns):>10}  "
-                f"{_time_text(s.reference_ns):>10}  {s.ratio:.3f}x [{s.ci_low:.3f}, {s.ci_high:.3f}]"
+                f"{_time_text(s.reference_ns):>10}  {_fraction_text(s.roofline_ns, s.candidate_ns):>8}  "
+                f"{s.ratio:.3f}x [{s.ci_low:.3f}, {s.ci_high:.3f}]"
             )
     if result.speedup is not None:
         lines.append(
             f"  speedup: {result.speedup:.3f}x [{result.ci_low:.3f}, {result.ci_high:.3f}] "
             "(weighted geometric mean over shapes, 95% CI; >1 means faster)"
         )
+    if report is not None and report.roofline_fraction is not None:
+        lines.append(
+            f"  roofline: {report.roofline_fraction:.1%} of this machine's bound (weighted geometric mean over "
+            "shapes of the least time its bytes and flops need at the measured bandwidth and peak, over its time)"
+        )
     return "\n".join(lines)
+
+
+def _fraction_text(bound_ns: float | None, time_ns: float) -> str:
+    """A shape's roofline fraction as a percentage, or a dash where no bound was computed."""
+    return f"{bound_ns / time_ns:.1%}" if bound_ns and time_ns > 0 else "-"

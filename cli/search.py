@@ -371,6 +371,22 @@ async def _follow_existing(search_id: str, as_json: bool) -> int:
     return await follow(client, search_id, as_json)
 
 
+BAR_CELLS = 10
+
+
+def progress_bar(status: SearchStatus) -> str:
+    """A bar of how much of the search is done: candidates judged of the budget's limit when it has one, else
+    generations finished of those asked for; full once the search has ended."""
+    if status.status not in ("running", "paused"):
+        done = 1.0
+    elif status.max_candidates:
+        done = (status.candidates_done + status.harness_errors) / status.max_candidates
+    else:
+        done = status.generation / max(status.generations + 1, 1)  # generation 0 is the seed's
+    cells = round(min(max(done, 0.0), 1.0) * BAR_CELLS)
+    return "▕" + "█" * cells + "·" * (BAR_CELLS - cells) + "▏"
+
+
 def progress_line(status: SearchStatus) -> str:
     """One line of progress: the generation running (of those asked for), candidates judged by verdict, and the
     incumbent's speedup with its interval -- plus, while a generation runs, its fastest candidate so far when
@@ -381,8 +397,9 @@ def progress_line(status: SearchStatus) -> str:
         best = f"{status.best_speedup:.3f}x"
         if status.best_ci_low is not None and status.best_ci_high is not None:
             best += f" [{status.best_ci_low:.3f}, {status.best_ci_high:.3f}]"
+    doing = f"{status.step} · " if status.step and status.status in ("running", "paused") else ""
     line = (
-        f"[{status.status}] generation {status.generation}/{status.generations} · "
+        f"[{status.status}] {progress_bar(status)} generation {status.generation}/{status.generations} · {doing}"
         f"{status.candidates_done} candidates · {verdicts} · "
         + (f"{status.harness_errors} not judged (harness_error) · " if status.harness_errors else "")
         + f"best {best} vs numpy"
@@ -407,10 +424,12 @@ def final_status(last: SearchStatus, result: SearchResult) -> SearchStatus:
             "best_speedup": result.best_speedup,
             "best_ci_low": result.best_ci_low,
             "best_ci_high": result.best_ci_high,
+            "best_roofline_fraction": result.best_roofline_fraction,
             "incumbent": f"{inc.label} ({inc.candidate_id[:12]})" if inc else None,
             "incumbent_id": inc.candidate_id if inc else None,
             "leading_speedup": None,
             "leading": None,
+            "step": "",
         }
     )
 
@@ -447,6 +466,11 @@ def format_result(result: SearchResult, as_json: bool) -> str:
         lines.append(
             f"  incumbent: {inc.label} ({inc.candidate_id[:12]}) — {result.best_speedup:.3f}x vs numpy "
             f"[{result.best_ci_low:.3f}, {result.best_ci_high:.3f}]"
+            + (
+                f", {result.best_roofline_fraction:.1%} of the roofline"
+                if result.best_roofline_fraction is not None
+                else ""
+            )
         )
     else:
         lines.append("  no correct candidate")

@@ -100,10 +100,22 @@ class MachineLimits(BaseModel):
 
     key: str = Field(description="Hardware key the measurement belongs to (model, ISA, threads).")
     threads: int = Field(description="Thread budget the limits were measured with.")
-    dram_bandwidth_gbs: float = Field(description="Streaming copy bandwidth on a working set far above LLC.")
-    cache_bandwidth_gbs: float = Field(description="Read bandwidth on a working set that fits in L2.")
+    dram_bandwidth_gbs: float = Field(
+        description=(
+            "Streaming bandwidth in the roofline model's currency (bytes read + bytes written, per second): the "
+            "best of a pure read stream and a copy counted as two streams, on a working set of stream_bytes."
+        )
+    )
+    cache_bandwidth_gbs: float = Field(description="Copy bandwidth (read + write) on a working set that fits in L2.")
     peak_gflops: float = Field(description="float32 matrix-multiply rate (BLAS sgemm), GFLOP/s.")
     llc_bytes: int = Field(description="Last-level cache size used to choose between the bandwidths.")
+    stream_bytes: int = Field(
+        default=256 << 20, description="Working set of the streaming measurement (the largest benchmark pool)."
+    )
+    estimator: str = Field(
+        default="copy-3-streams/v1",
+        description="How dram_bandwidth_gbs was measured; limits measured another way are measured again.",
+    )
 
 
 def c_compiler() -> str:

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from cli import main as kf
+from cli.evaluate import render
 from engine.errors import UnknownProblemError
 from engine.harness.benchmarking import Reference, benchmark_artifact, pool_slots
 from engine.harness.cpu import compile_source
 from engine.harness.evaluation import evaluate
+from engine.harness.machine import machine_limits
 from engine.harness.stats import speedup_with_intervals
 from engine.harness.validation import ArtifactNotFound, validate_artifact
 from engine.harness.verdicts import Verdict
@@ -113,6 +115,18 @@ def test_evaluate_end_to_end(cache: Path) -> None:
     assert result.speedup is not None and result.ci_low is not None and result.ci_high is not None
     assert result.benchmark is not None and result.benchmark.reference == "seed"
     assert any("validation" in line for line in result.evidence)
+    # How close it came to the machine's bound, per shape and over all: below the bound (the seed is a
+    # plain loop), and from the bandwidth the shape's pool streams at.
+    limits = machine_limits(1, cache)
+    fraction = result.benchmark.roofline_fraction
+    assert fraction is not None and 0.0 < fraction < 1.0, fraction
+    for timing in result.benchmark.shapes:
+        assert timing.roofline_ns is not None and 0 < timing.roofline_ns < timing.candidate_ns
+        assert timing.roofline_gbs in (limits.dram_bandwidth_gbs, limits.cache_bandwidth_gbs)
+    shown = render(result)
+    assert f"roofline: {fraction:.1%} of this machine's bound" in shown
+    first = result.benchmark.shapes[0]
+    assert f"{first.roofline_ns / first.candidate_ns:.1%}" in shown  # the per-shape column
 
 
 def test_evaluate_stops_at_the_first_failure(cache: Path) -> None:

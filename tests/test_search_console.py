@@ -82,6 +82,15 @@ def test_the_progress_line_shows_the_incumbent_with_its_interval_and_a_faster_ca
     assert "fastest" not in progress_line(_status(leading_speedup=1.5))  # behind the incumbent: nothing to say
 
 
+def test_the_progress_line_says_the_step_under_way_and_a_bar_of_the_budget() -> None:
+    line = progress_line(_status(step="compiling 1 · benchmarking 2", max_candidates=8, candidates_done=4))
+    assert line.startswith("[running] ▕█████·····▏ generation 1/1 · compiling 1 · benchmarking 2 · 4 candidates")
+    # Without a candidate limit the bar counts generations (generation 0 is the seed's).
+    assert progress_line(_status(generation=2, generations=3)).startswith("[running] ▕█████·····▏")
+    # A step is only said while the search runs.
+    assert "compiling" not in progress_line(_status(status="completed", step="compiling 1"))
+
+
 def test_the_last_progress_line_is_the_result() -> None:
     candidate = Candidate.create("int k;", None, label="template NT=8", proposer="search")
     result = SearchResult(
@@ -96,7 +105,7 @@ def test_the_last_progress_line_is_the_result() -> None:
         generations_run=2,
     )
     line = progress_line(final_status(_status(leading_speedup=2.6), result))
-    assert line.startswith("[completed] generation 1/1 · 3 candidates · ok=3")
+    assert line.startswith("[completed] ▕██████████▏ generation 1/1 · 3 candidates · ok=3")
     assert "best 2.600x [2.500, 2.700]" in line and "fastest" not in line
 
 
@@ -134,6 +143,7 @@ async def test_the_ui_shows_a_real_searchs_summary_and_current_details_during_an
         handle = await start_search(client, spec)
         following = asyncio.ensure_future(follow(client, handle.id, as_json=False))
         seen: list[str] = []
+        steps: set[str] = set()
         while not following.done():
             try:
                 metadata = await handle.query(METADATA_QUERY, result_type=WorkflowMetadata)
@@ -141,6 +151,8 @@ async def test_the_ui_shows_a_real_searchs_summary_and_current_details_during_an
                 metadata = None
             if metadata is not None and metadata.current_details and metadata.current_details not in seen:
                 seen.append(metadata.current_details)
+            if metadata is not None:
+                steps.add((await handle.query("status", result_type=SearchStatus)).step)
             await asyncio.sleep(0.2)
         assert await following == 0
         result = await handle.result()
@@ -148,6 +160,10 @@ async def test_the_ui_shows_a_real_searchs_summary_and_current_details_during_an
         description = await handle.describe()
     assert result.status == "completed" and result.best_speedup is not None
 
+    # The status query said which step was under way: the seed's compile, validation and timing, then the
+    # proposal of generation 1 and its candidate's steps (polled, so a short step may be missed, not all).
+    assert len(steps & {"compiling 1", "validating 1", "benchmarking 1", "proposing 1 candidate"}) >= 2, steps
+    assert result.best_roofline_fraction is not None and 0 < result.best_roofline_fraction
     # While it ran: the generation of how many, what it was doing, and the incumbent once there was one.
     assert any(d.startswith("**Generation 0 of 1** · running") for d in seen), seen
     assert any("**Best speedup:**" in d and "vs numpy [" in d for d in seen), seen
@@ -164,5 +180,6 @@ async def test_the_ui_shows_a_real_searchs_summary_and_current_details_during_an
     lines = [line for line in out.splitlines() if line.startswith("[")]
     generations = [int(g) for g in re.findall(r"generation (\d+)/1", out)]
     assert generations and max(generations) == 1, out
-    assert lines[-1].startswith("[completed] generation 1/1"), out
+    assert lines[-1].startswith("[completed] ▕██████████▏ generation 1/1"), out
+    assert f"{result.best_roofline_fraction:.1%} of the roofline" in out, out
     assert f"best {result.best_speedup:.3f}x" in lines[-1], out

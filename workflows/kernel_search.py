@@ -107,6 +107,9 @@ class KernelSearch:
         self._exhausted: str | None = None
         # The fastest correct candidate measured in the running generation, until the generation's promotion.
         self._leading: CandidateOutcome | None = None
+        # What is under way now, for people: "propose" or "playoff" or a candidate id, to the step it is in.
+        # Workflow code sets it, so a replay rebuilds it; it is never persisted.
+        self._doing: dict[str, str] = {}
 
     # -- entry -----------------------------------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class KernelSearch:
             if count <= 0:
                 return
             inc = state.incumbent
+            self._doing["propose"] = f"proposing {count} candidate{'s' if count != 1 else ''}"
             proposal: ProposeOutput = await self._control(
                 "kf.propose",
                 ProposeInput(
@@ -222,6 +226,7 @@ class KernelSearch:
                 # proposal heartbeats while it waits, so a lost completion costs CONTROL_HEARTBEAT, not this.
                 minutes=30,
             )
+            self._doing.pop("propose", None)
             state.llm_spend_usd += proposal.spent_usd
             self._witness(proposal.head)
             candidates = proposal.candidates
@@ -282,18 +287,21 @@ class KernelSearch:
             # A CUDA source compiles on the build queue every worker polls (NVRTC needs no GPU), a C source on its
             # target's own queue (it is built for that ISA).
             queue = compile_queue(state.spec.task_queue_prefix, self._target_name())
+            self._doing[candidate.candidate_id] = "compiling"
             compiled = await self._hardware("kf.compile", step, minutes=10, queue=queue)
             self._witness(compiled.head)
             outcome.verdict, outcome.artifact_id = compiled.verdict, compiled.artifact_id
             if compiled.verdict == "ok":
                 step.artifact_id = compiled.artifact_id
                 stage = "validate"
+                self._doing[candidate.candidate_id] = "validating"
                 validated = await self._hardware("kf.validate", step, minutes=20)
                 self._witness(validated.head)
                 outcome.verdict = validated.verdict
                 if validated.verdict == "ok":
                     step.incumbent_artifact_id = state.incumbent.artifact_id if state.incumbent else None
                     stage = "benchmark"
+                    self._doing[candidate.candidate_id] = "benchmarking"
                     timed = await self._hardware("kf.benchmark", step, minutes=30)
                     self._witness(timed.head)
                     outcome.verdict = timed.verdict
@@ -301,6 +309,7 @@ class KernelSearch:
                     outcome.ratio_ci_high = timed.ratio_ci_high
                     outcome.speedup, outcome.speedup_ci_low = timed.speedup, timed.speedup_ci_low
                     outcome.speedup_ci_high = timed.speedup_ci_high
+                    outcome.roofline_fraction = timed.roofline_fraction
         except ActivityError as error:
             # The harness or the infrastructure failed past its retries (a kernel's failure is a verdict,
             # returned normally): the candidate was not judged. Its outcome says exactly that -- never the
@@ -324,6 +333,7 @@ class KernelSearch:
                     "error": str(cause or error),
                 },
             )
+        self._doing.pop(candidate.candidate_id, None)
         if outcome.verdict == "harness_error":
             state.harness_errors.append(candidate.candidate_id)
         else:
@@ -394,6 +404,7 @@ class KernelSearch:
                 "challenger_label": challenger.candidate.label,
                 "leader_id": leader_candidate.candidate_id,
             }
+            self._doing["playoff"] = f"final playoff round {number} of {len(challengers)}"
             try:
                 timed = await self._hardware("kf.playoff", step, minutes=30)
             except ActivityError as error:
@@ -413,6 +424,7 @@ class KernelSearch:
             state.playoff_rounds.append(round_)
             if took_lead:
                 leader_candidate, leader_artifact, won = challenger.candidate, challenger.outcome.artifact_id, timed
+        self._doing.pop("playoff", None)
         winner = leader_candidate.candidate_id
         await self._record(
             f"{state.search_id}/playoff",
@@ -481,6 +493,7 @@ class KernelSearch:
             ci_low=figures.speedup_ci_low if figures.speedup_ci_low is not None else figures.speedup,
             ci_high=figures.speedup_ci_high if figures.speedup_ci_high is not None else figures.speedup,
             generation=generation,
+            roofline_fraction=figures.roofline_fraction,
         )
         promotion = {
             "generation": generation,
@@ -491,6 +504,7 @@ class KernelSearch:
             "ratio_ci_low": figures.ratio_ci_low,
             "ratio_ci_high": figures.ratio_ci_high,
             "speedup": figures.speedup,
+            "roofline_fraction": figures.roofline_fraction,
             "reason": reason,
         }
         state.promotions.append(promotion)
@@ -672,6 +686,7 @@ class KernelSearch:
             best_speedup=inc.speedup if inc else None,
             best_ci_low=inc.ci_low if inc else None,
             best_ci_high=inc.ci_high if inc else None,
+            best_roofline_fraction=inc.roofline_fraction if inc else None,
             incumbent=inc.candidate if inc else None,
             candidates_done=state.candidates_done,
             verdict_counts=dict(state.verdict_counts),
@@ -708,9 +723,23 @@ class KernelSearch:
             hints=list(state.spec.hints),
             best_ci_low=inc.ci_low if inc else None,
             best_ci_high=inc.ci_high if inc else None,
+            best_roofline_fraction=inc.roofline_fraction if inc else None,
             leading_speedup=leading.speedup if leading else None,
             leading=f"{leading.label} ({leading.candidate_id[:12]})" if leading else None,
+            step=self._step_text(),
+            max_candidates=state.spec.budget.max_candidates,
         )
+
+    def _step_text(self) -> str:
+        """What is under way, for people: "proposing 4 candidates", "compiling 1 · benchmarking 2",
+        "final playoff round 2 of 3"; empty between steps."""
+        counts: dict[str, int] = {}
+        for key, doing in self._doing.items():
+            if key in ("propose", "playoff"):
+                return doing
+            counts[doing] = counts.get(doing, 0) + 1
+        order = ("compiling", "validating", "benchmarking")
+        return " · ".join(f"{doing} {counts[doing]}" for doing in order if doing in counts)
 
     @workflow.update
     async def pause(self) -> SearchStatus:

@@ -45,9 +45,9 @@ from pydantic import BaseModel, Field
 from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
 from engine.harness.driver import Contender, Failed
-from engine.harness.machine import EXCLUSIVE_WAIT_S, machine_limits
+from engine.harness.machine import EXCLUSIVE_WAIT_S, MAX_POOL_BYTES, machine_limits
 from engine.harness.sandbox import CpuLease, SandboxLimits
-from engine.harness.stats import speedup_with_intervals
+from engine.harness.stats import speedup_with_intervals, weighted_geomean
 from engine.harness.validation import (
     DEFAULT_CALL_TIMEOUT_S,
     TrialRunner,
@@ -65,8 +65,7 @@ __all__ = ["DEFAULT_BUDGET_S", "Reference", "benchmark_artifact", "machine_limit
 DEFAULT_BUDGET_S = 2.0
 # A pool of inputs at least this many times the LLC, so most calls miss the cache ...
 POOL_LLC_MULTIPLE = 1.5
-# ... but never more memory than this, nor more slots than this.
-MAX_POOL_BYTES = 256 << 20
+# ... but never more memory than MAX_POOL_BYTES (machine.py), nor more slots than this.
 MAX_POOL_SLOTS = 64
 # A candidate must be more than this many times faster than the roofline bound to be called impossible.
 # Generous on purpose: bandwidth and peak are measured with numpy and BLAS on a shared machine, which a
@@ -120,12 +119,19 @@ def pool_slots(problem: Problem, shape: dict[str, int], llc: int) -> tuple[int, 
 
 
 def roofline_ns(problem: Problem, shape: dict[str, int], limits: MachineLimits, pool_bytes: int, threads: int) -> float:
-    """Physical lower bound of one call: max(bytes / bandwidth, flops / peak), nanoseconds. The bandwidth
-    is DRAM's when the pool exceeds the LLC, else the cache's; both scaled by the thread count."""
+    """Physical lower bound of one call: max(bytes / bandwidth, flops / peak), nanoseconds, both scaled by
+    the thread count (generous: perfect scaling)."""
     model = problem.roofline(shape)
-    gbs = limits.dram_bandwidth_gbs if pool_bytes > limits.llc_bytes else limits.cache_bandwidth_gbs
-    bandwidth = gbs * threads  # generous: assume perfect scaling
+    bandwidth = roofline_bandwidth_gbs(limits, pool_bytes) * threads
     return max(float(model.get("bytes", 0)) / bandwidth, float(model.get("flops", 0)) / limits.peak_gflops)
+
+
+def roofline_bandwidth_gbs(limits: MachineLimits, pool_bytes: int) -> float:
+    """The bandwidth a shape's calls stream at: the measured streaming bandwidth when its pool is above the
+    LLC or as large as the working set that bandwidth was measured on (half of it or more), else the cache's,
+    which bounds every cache level from above (a safe bound; the fraction may then read low)."""
+    streams = pool_bytes > limits.llc_bytes or 2 * pool_bytes >= limits.stream_bytes
+    return limits.dram_bandwidth_gbs if streams else limits.cache_bandwidth_gbs
 
 
 def benchmark_limits(
@@ -585,9 +591,10 @@ def _reports(
         roofline_ns(problem, shape, limits_hw, pool, threads) for (shape, _), pool in zip(shapes, pools, strict=True)
     ]
     candidate_medians = [float(np.median(s[:, 0])) for s in samples]
+    fraction = weighted_geomean([b / max(c, 1e-9) for b, c in zip(bounds, candidate_medians, strict=True)], weights)
     impossible = [
-        (shape, median, bound)
-        for (shape, _), median, bound in zip(shapes, candidate_medians, bounds, strict=True)
+        (shape, median, bound, pool)
+        for (shape, _), median, bound, pool in zip(shapes, candidate_medians, bounds, pools, strict=True)
         if median * ROOFLINE_SAFETY < bound
     ]
     reports = []
@@ -607,20 +614,25 @@ def _reports(
                 ci_high=estimate.ci_high,
                 samples=int(s.shape[0]),
                 roofline_ns=bound,
+                roofline_gbs=roofline_bandwidth_gbs(limits_hw, pool) * threads,
             )
-            for (shape, weight), s, estimate, bound in zip(shapes, samples, per_shape, bounds, strict=True)
+            for (shape, weight), s, estimate, bound, pool in zip(shapes, samples, per_shape, bounds, pools, strict=True)
         ]
         verdict, cases, message = (
             Verdict.ok,
             [],
-            (f"{total.ratio:.3f}x vs {reference.label} [{total.ci_low:.3f}, {total.ci_high:.3f}]"),
+            (
+                f"{total.ratio:.3f}x vs {reference.label} [{total.ci_low:.3f}, {total.ci_high:.3f}], "
+                f"{fraction:.0%} of the roofline"
+            ),
         )
         if impossible:
-            shape, median, bound = impossible[0]
+            shape, median, bound, pool = impossible[0]
             verdict = Verdict.impossible
+            gbs = roofline_bandwidth_gbs(limits_hw, pool) * threads
             message = (
                 f"measured {median:.0f} ns per call on {shape}, but moving its bytes and doing its flops takes "
-                f"at least {bound:.0f} ns on this machine (bandwidth {limits_hw.dram_bandwidth_gbs:.1f} GB/s, "
+                f"at least {bound:.0f} ns on this machine (bandwidth {gbs:.1f} GB/s, "
                 f"peak {limits_hw.peak_gflops:.1f} GFLOP/s): more than {ROOFLINE_SAFETY:g}x faster than "
                 "physically possible, so the timing cannot be trusted"
             )
@@ -636,6 +648,7 @@ def _reports(
                 revalidated=revalidated,
                 cases=cases,
                 message=message,
+                roofline_fraction=fraction if math.isfinite(fraction) else None,
                 **common,
             )
         )

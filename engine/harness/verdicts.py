@@ -142,6 +142,13 @@ class ShapeTiming(BaseModel):
     roofline_ns: float | None = Field(
         default=None, description="Physical lower bound of one call on this machine, nanoseconds."
     )
+    roofline_gbs: float | None = Field(
+        default=None,
+        description=(
+            "The bandwidth roofline_ns divides the shape's bytes by (GB/s, all threads): the measured streaming "
+            "bandwidth when the shape's input pool streams from memory, the cache's when it fits in cache."
+        ),
+    )
 
 
 class BenchmarkReport(BaseModel):

@@ -148,7 +148,8 @@ def _budget(spec: SearchSpec) -> str:
 
 
 def _speedup(inc: Incumbent) -> str:
-    return f"{inc.speedup:.3f}× vs numpy [{inc.ci_low:.3f}, {inc.ci_high:.3f}]"
+    roofline = "" if inc.roofline_fraction is None else f", {inc.roofline_fraction:.1%} of the roofline"
+    return f"{inc.speedup:.3f}× vs numpy [{inc.ci_low:.3f}, {inc.ci_high:.3f}]{roofline}"
 
 
 def _fit(text: str, limit: int) -> str:

@@ -27,6 +27,9 @@ class Incumbent(BaseModel):
     """Upper end of the speedup's confidence interval."""
     generation: int
     """Generation in which it was promoted (0 for the seed kernel)."""
+    roofline_fraction: float | None = None
+    """Fraction of the machine's roofline it reached when timed (1.0 is at the bound): the headroom left.
+    None for incumbents promoted before it was recorded."""
 
 
 class CandidateOutcome(BaseModel):
@@ -54,6 +57,8 @@ class CandidateOutcome(BaseModel):
     """Lower end of the speedup over numpy's interval."""
     speedup_ci_high: float | None = None
     """Upper end of the speedup over numpy's interval."""
+    roofline_fraction: float | None = None
+    """Fraction of the machine's roofline it reached (1.0 is at the bound); None when not timed or not known."""
     reused: bool = False
     """True when the outcome was found in the event log rather than measured again."""
 
@@ -175,11 +180,18 @@ class SearchStatus(BaseModel):
     """Lower end of the incumbent's speedup interval."""
     best_ci_high: float | None = None
     """Upper end of the incumbent's speedup interval."""
+    best_roofline_fraction: float | None = None
+    """The incumbent's fraction of the machine's roofline (1.0 is at the bound)."""
     leading_speedup: float | None = None
     """The fastest correct candidate measured in the running generation, over numpy: promotion is decided when
     the generation ends, so until then this may be ahead of ``best_speedup``."""
     leading: str | None = None
     """That candidate's label and id prefix."""
+    max_candidates: int | None = None
+    """The budget's candidate limit, when it has one: what the progress bar counts against."""
+    step: str = ""
+    """What is under way now: "proposing 4 candidates", "compiling 1 · benchmarking 2" (candidates per step),
+    "final playoff round 1 of 3"; empty between steps and once the search has ended."""
 
 
 class SearchResult(BaseModel):
@@ -195,6 +207,8 @@ class SearchResult(BaseModel):
     """Lower end of its interval."""
     best_ci_high: float | None
     """Upper end of its interval."""
+    best_roofline_fraction: float | None = None
+    """The incumbent's fraction of the machine's roofline (1.0 is at the bound): how much headroom is left."""
     incumbent: Candidate | None
     """The incumbent at the end."""
     candidates_done: int

@@ -153,6 +153,9 @@ class StepOutput(BaseModel):
     """Benchmark: lower end of that interval."""
     speedup_ci_high: float | None = None
     """Benchmark: upper end of that interval."""
+    roofline_fraction: float | None = None
+    """Benchmark: how close the candidate came to the machine's roofline (weighted geometric mean over shapes
+    of bound / time; 1.0 is at the bound), None where no bound was computed."""
     reused: bool = False
     """True when the outcome was already in the event log (a retried step) and was not redone."""
     engine_seconds: float = 0.0
