@@ -20,6 +20,9 @@ from engine.search.state import SearchResult
 
 # Small, quick searches: a tenth of a second of timing per candidate keeps a test's search to seconds.
 QUICK = {"benchmark_seconds": 0.2, "heartbeat_seconds": 5, "worker_wait_seconds": 30}
+COPY_PROBLEM = str(Path(__file__).resolve().parent.parent / "bench" / "problems" / "copy")
+"""A trivial problem (a copy: validated and timed in a fraction of softmax's time) for tests of the search's
+orchestration rather than of a kernel: resuming, continuing as new, reusing evidence."""
 
 
 @contextlib.asynccontextmanager

@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from search_fixtures import QUICK, start
+from search_fixtures import COPY_PROBLEM, QUICK, start
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -383,7 +383,7 @@ async def test_two_workers_with_separate_caches_benchmark_every_correct_candidat
     machines.start("machine-a")
     machines.start("machine-b")
     handle = await start(
-        client, prefix, {"problem": "bias_gelu", "generations": 1, "candidates_per_generation": 3, **QUICK}
+        client, prefix, {"problem": COPY_PROBLEM, "generations": 1, "candidates_per_generation": 3, **QUICK}
     )
     result = await finished(handle, machines)
     assert result.status == "completed"
@@ -426,7 +426,7 @@ async def test_a_worker_killed_in_the_middle_of_a_fetch_costs_nothing(
     # artifact for whatever step it takes next (validation, or the benchmark against it as incumbent).
     machines.start("machine-a")
     handle = await start(
-        client, prefix, {"problem": "bias_gelu", "generations": 1, "candidates_per_generation": 2, **QUICK}
+        client, prefix, {"problem": COPY_PROBLEM, "generations": 1, "candidates_per_generation": 2, **QUICK}
     )
 
     async def seed_compiled() -> bool:

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from search_fixtures import QUICK, running_worker, start
+from search_fixtures import COPY_PROBLEM, QUICK, running_worker, start
 from temporalio.client import Client
 
 from engine.evidence.store import EventStore
@@ -28,7 +28,7 @@ async def test_a_second_search_reuses_compile_and_validation_evidence_and_budget
 ) -> None:
     monkeypatch.setenv("KF_HOME", str(tmp_path))  # a private artifact cache: builds can be counted
     spec = {
-        "problem": "softmax",
+        "problem": COPY_PROBLEM,
         "proposer": {"kind": "search"},
         "generations": 5,
         "candidates_per_generation": 2,

@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
-from search_fixtures import QUICK, keep_history, running_worker, start
+from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError
 
 from engine.evidence.store import EventStore
@@ -187,7 +186,7 @@ async def test_continue_as_new_keeps_the_search_state(client: Client, store: Eve
             client,
             prefix,
             {
-                "problem": "softmax",
+                "problem": COPY_PROBLEM,
                 "generations": 2,
                 "candidates_per_generation": 1,
                 "continue_as_new_every": 1,
@@ -209,15 +208,10 @@ async def test_resume_from_starts_at_the_earlier_incumbent_and_skips_its_candida
     client: Client, store: EventStore, prefix: str
 ) -> None:
     async with running_worker(client, store, prefix):
-        first = await start(
-            client, prefix, {"problem": "softmax", "generations": 1, "candidates_per_generation": 3, **QUICK}
-        )
+        spec = {"problem": COPY_PROBLEM, "generations": 1, "candidates_per_generation": 3, **QUICK}
+        first = await start(client, prefix, spec)
         first_result = await first.result()
-        second = await start(
-            client,
-            prefix,
-            {"problem": "softmax", "generations": 1, "candidates_per_generation": 3, "resume_from": first.id, **QUICK},
-        )
+        second = await start(client, prefix, {**spec, "resume_from": first.id})
         await second.result()
     assert first_result.incumbent is not None
     earlier = await load_search_history(store, first.id)
@@ -232,12 +226,11 @@ async def test_the_final_playoff_ends_the_search_on_the_fastest_kernel_it_saw(
     client: Client, store: EventStore, prefix: str
 ) -> None:
     # The copy problem's settings are all about as fast: their intervals overlap, so a playoff must decide.
-    copy = Path(__file__).resolve().parent.parent / "bench" / "problems" / "copy"
     async with running_worker(client, store, prefix):
         handle = await start(
             client,
             prefix,
-            {"problem": str(copy), "generations": 1, "candidates_per_generation": 4, "seed": 5, **QUICK},
+            {"problem": COPY_PROBLEM, "generations": 1, "candidates_per_generation": 4, "seed": 5, **QUICK},
         )
         result = await handle.result()
     events = await store.read_stream(stream_of(handle.id))

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from search_fixtures import QUICK, start
+from search_fixtures import COPY_PROBLEM, QUICK, start
 from temporalio.client import Client
 
 from engine.evidence.store import EventStore
@@ -45,7 +45,7 @@ async def test_search_survives_sigkilled_workers(
     worker = spawn_worker(env, prefix, log)
     try:
         handle = await start(
-            client, prefix, {"problem": "softmax", "generations": 2, "candidates_per_generation": 3, **QUICK}
+            client, prefix, {"problem": COPY_PROBLEM, "generations": 2, "candidates_per_generation": 3, **QUICK}
         )
         kills = 0
         while kills < 3:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from search_fixtures import QUICK, running_worker, start
+from search_fixtures import COPY_PROBLEM, QUICK, running_worker, start
 from temporalio.testing import WorkflowEnvironment
 
 import cli
@@ -434,7 +434,7 @@ async def test_the_witness_spans_every_run_of_a_search_that_continued_as_new(
             handle = await start(
                 temporal_env.client,
                 prefix,
-                {"problem": "softmax", "generations": 2, "candidates_per_generation": 1, "continue_as_new_every": 1}
+                {"problem": COPY_PROBLEM, "generations": 2, "candidates_per_generation": 1, "continue_as_new_every": 1}
                 | QUICK,
             )
             result = await handle.result()
