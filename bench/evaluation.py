@@ -1,6 +1,7 @@
 """Throughput, overhead and noise floor of the evaluation harness.
 
     .venv/bin/python bench/evaluation.py [--json] [--aa-runs 24] [--budget 2.0]
+    .venv/bin/python bench/evaluation.py --roofline-only [--sweep 8] [--repeats 3] [--json]
 
 Measures, with the default budgets unless told otherwise, in a fresh cache folder:
 - noise_floor: this machine's run-level noise floor (engine.harness.noise), measured first, in the fresh
@@ -17,7 +18,17 @@ Measures, with the default budgets unless told otherwise, in a fresh cache folde
   measured noise floor: aa_coverage, the fraction of intervals (at the default confidence, 0.95) that
   contain 1.0 (target >= 0.95), and aa_halfwidth_median, the median relative half-width of those
   intervals (target <= 0.03);
-- seed_speedup: each built-in problem's seed kernel against its numpy baseline, with the interval.
+- seed_speedup: each built-in problem's seed kernel against its numpy baseline, with the interval;
+- roofline_fraction_best (by problem and shape): the best-known setting of each built-in CPU problem's
+  template (BEST_KNOWN, found by the sweep documented there; ``--sweep N`` redoes it: N random allowed
+  settings plus the best-known one, timed at a short budget, the fastest kept) benchmarked ``--repeats``
+  times at the full budget; per shape, the fraction of the DRAM roofline
+  max(bytes / measured DRAM bandwidth, flops / measured peak) it reaches (median, min, max over repeats),
+  against the target of 0.85 for the memory-bound problems (met or missed), and the harness's own
+  ShapeTiming.roofline_ns fraction (the same bound, but the cache's bandwidth for a pool too small to stream).
+  ``--roofline-only`` prints only this section (and the machine's figures). The DRAM bandwidth is measured
+  in the roofline model's currency (bytes read + written per second: the best of a read stream and a large
+  copy counted as two streams, engine/harness/machine.py), on a working set as large as the largest pool.
 The machine is shared: its load average is printed too, and every figure moves with it.
 """
 
@@ -28,6 +39,8 @@ import ctypes
 import itertools
 import json
 import os
+import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -40,11 +53,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.hardware import hardware_fingerprint, pinned_cpus
 from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact  # after the path set-up
 from engine.harness.cpu import compile_source
+from engine.harness.machine import machine_limits
 from engine.harness.noise import machine_noise_floor
 from engine.harness.sandbox import describe_isolation
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import Verdict
 from engine.problems import Problem, builtin_problems, load_problem
+from engine.proposers.random_template import template_space
+
+# The fastest setting of each built-in CPU template found so far: for rmsnorm, softmax and bias_gelu by
+# interleaved timings of a few dozen hand-picked settings (one knob changed at a time from a streaming
+# baseline) on the reference machine (1 thread, Xeon with AVX-512, 2 shared cores), where two-pass kernels
+# with streaming stores, rows pipelined (PIPE) and a few rows or vectors in flight won; for kda the chunked
+# form against the recurrence's best (1.0-1.3x faster by shape); for matmul a setting within the register
+# budget. `--sweep 6` (seed 0) kept every one of them; `--sweep N` checks them against N random settings.
+BEST_KNOWN: dict[str, dict[str, Any]] = {
+    "rmsnorm": {
+        "VEC": 512,
+        "ACC": 4,
+        "ROWS": 4,
+        "SIMD": 0,
+        "FUSED": 0,
+        "NT": 1,
+        "PF": 0,
+        "PFL": 1,
+        "ALIGN": 1,
+        "PIPE": 1,
+    },
+    "softmax": {
+        "VEC": 512,
+        "ONLINE": 0,
+        "UNROLL": 4,
+        "EXP": 5,
+        "SIMD": 0,
+        "FUSED": 0,
+        "KEEP": 1,
+        "NT": 1,
+        "PF": 1024,
+        "ALIGN": 1,
+        "PIPE": 1,
+    },
+    "bias_gelu": {
+        "VEC": 512,
+        "ERF": "cheb",
+        "DEG": 12,
+        "EXP": "inline4",
+        "SIMD": 0,
+        "UNROLL": 2,
+        "NT": 1,
+        "PF": 1024,
+        "ALIGN": 1,
+    },
+    "kda": {"DVB": 64, "COPY": 1, "FUSE": 1, "SIMD": 0, "VEC": 512, "CHUNK": 16},
+    "matmul": {"MB": 64, "NB": 256, "KB": 256, "MR": 4, "NR": 64, "ORDER": "ikj", "VEC": 512},
+}
+# What issue 12 asks of the best kernel of a memory-bound space, as a fraction of the DRAM roofline.
+ROOFLINE_TARGET = 0.85
+MEMORY_BOUND = ("rmsnorm", "softmax", "bias_gelu")
+SWEEP_BUDGET_S = 0.5
 
 
 def instances(problem: Problem, count: int) -> list[str]:
@@ -202,12 +268,113 @@ def seed_speedups(cache: Path, budget: float) -> dict[str, Any]:
     return speedups
 
 
+def _template_artifact(problem: Problem, params: dict[str, Any], cache: Path) -> str | None:
+    compiled = compile_source(problem, problem.render_template(params), cache_dir=cache)
+    return compiled.artifact_id if compiled.verdict == Verdict.ok else None
+
+
+def _numpy() -> list[Reference]:
+    return [Reference(kind="numpy", label="numpy")]
+
+
+def best_setting(problem: Problem, cache: Path, sweep: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The best-known setting, or with ``sweep`` > 0 the fastest (speedup over numpy at a short budget) of it
+    and ``sweep`` random allowed settings; with what each swept setting measured."""
+    known = BEST_KNOWN[problem.name]
+    space = template_space(problem)
+    if known not in space:
+        raise SystemExit(f"BEST_KNOWN[{problem.name!r}] = {known} is not an allowed setting of its template; update it")
+    if sweep <= 0:
+        return known, []
+    others = [s for s in space if s != known]
+    tried: list[dict[str, Any]] = []
+    for params in [known, *random.Random(f"{seed}-{problem.name}").sample(others, min(sweep, len(others)))]:
+        artifact_id = _template_artifact(problem, params, cache)
+        if artifact_id is None:
+            tried.append({"params": params, "speedup": None, "verdict": "compile_error"})
+            continue
+        (report,) = benchmark_artifact(problem, artifact_id, _numpy(), budget_s=SWEEP_BUDGET_S, cache_dir=cache)
+        speedup = report.speedup if report.verdict == Verdict.ok else None
+        tried.append({"params": params, "speedup": speedup, "verdict": str(report.verdict)})
+        print(f"  sweep {problem.name} {params}: {report.message}", file=sys.stderr, flush=True)
+    ranked = [t for t in tried if t["speedup"] is not None]
+    return (max(ranked, key=lambda t: t["speedup"])["params"] if ranked else known), tried
+
+
+def roofline_fraction_best(cache: Path, budget: float, sweep: int, repeats: int, seed: int) -> dict[str, Any]:
+    """Per built-in CPU problem and shape: the DRAM roofline fraction of the best-known template setting."""
+    limits = machine_limits(1, cache)
+    result: dict[str, Any] = {
+        "dram_bandwidth_gbs": limits.dram_bandwidth_gbs,
+        "cache_bandwidth_gbs": limits.cache_bandwidth_gbs,
+        "peak_gflops": limits.peak_gflops,
+        "llc_bytes": limits.llc_bytes,
+        "target": ROOFLINE_TARGET,
+        "problems": {},
+    }
+    for name in builtin_problems("cpu"):
+        problem = load_problem(name)
+        params, tried = best_setting(problem, cache, sweep, seed)
+        artifact_id = _template_artifact(problem, params, cache)
+        assert artifact_id is not None, f"{name} {params} does not compile"
+        runs = []
+        for repeat in range(repeats):
+            (report,) = benchmark_artifact(
+                problem, artifact_id, _numpy(), budget_s=budget, cache_dir=cache, seed=seed + repeat
+            )
+            runs.append(report)
+            print(f"  roofline {name} run {repeat + 1}/{repeats}: {report.message}", file=sys.stderr, flush=True)
+        shapes = []
+        for i, (shape, weight) in enumerate(problem.benchmark_shapes):
+            model = problem.roofline(shape)
+            # The DRAM bound whatever the pool's size (the harness uses the cache's bandwidth for a pool too small
+            # to stream): bytes over DRAM bandwidth, or flops over peak where that is larger.
+            memory_ns = model.get("bytes", 0) / limits.dram_bandwidth_gbs
+            compute_ns = model.get("flops", 0) / limits.peak_gflops
+            bound_ns = max(memory_ns, compute_ns)
+            times = [r.shapes[i].candidate_ns for r in runs if r.verdict == Verdict.ok]
+            fractions = sorted(bound_ns / t for t in times)
+            harness = [
+                bound / r.shapes[i].candidate_ns
+                for r in runs
+                if r.shapes and (bound := r.shapes[i].roofline_ns) is not None
+            ]
+            median = statistics.median(fractions) if fractions else None
+            entry: dict[str, Any] = {
+                "shape": shape,
+                "weight": weight,
+                "candidate_ns": statistics.median(times) if times else None,
+                "dram_roofline_ns": bound_ns,
+                "bound": "memory" if memory_ns >= compute_ns else "compute",
+                "fraction": median,
+                "fraction_range": [fractions[0], fractions[-1]] if fractions else None,
+                "harness_roofline_fraction": statistics.median(harness) if harness else None,
+            }
+            if name in MEMORY_BOUND:
+                entry["target"] = "met" if median is not None and median >= ROOFLINE_TARGET else "missed"
+            shapes.append(entry)
+        result["problems"][name] = {
+            "setting": params,
+            "verdicts": [str(r.verdict) for r in runs],
+            "speedup_vs_numpy": [r.speedup for r in runs],
+            "shapes": shapes,
+            "sweep": tried,
+        }
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--aa-runs", type=int, default=24, help="A/A runs (at least 20 for the coverage figure)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="benchmark budget in seconds")
     parser.add_argument("--candidates", type=int, default=4, help="distinct candidates per problem for throughput")
+    parser.add_argument("--roofline-only", action="store_true", help="only the roofline_fraction_best figures")
+    parser.add_argument(
+        "--sweep", type=int, default=0, help="random template settings per problem tried against BEST_KNOWN"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="benchmarks of each best setting (for the spread)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sweep's draws and of the benchmarks")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kf-bench-") as folder:
         cache = Path(folder)
@@ -216,7 +383,15 @@ def main() -> int:
             "isolation": describe_isolation(),
             "hardware": hardware_fingerprint().model_dump(mode="json"),
             "budget_s": args.budget,
+            "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/evaluation.py", *sys.argv[1:]]),
         }
+        if args.roofline_only:
+            figures["roofline_fraction_best"] = roofline_fraction_best(
+                cache, args.budget, args.sweep, args.repeats, args.seed
+            )
+            figures["load_average_after"] = os.getloadavg()
+            _print(figures, args.json)
+            return 0
         noise = machine_noise_floor(cache_dir=cache)
         figures["noise_floor"] = noise.floor
         figures["noise_floor_detail"] = noise.model_dump(
@@ -228,13 +403,39 @@ def main() -> int:
         figures["overhead"] = overhead(cache, args.budget)
         figures |= aa_runs(cache, args.aa_runs, args.budget)
         figures["seed_speedup"] = seed_speedups(cache, args.budget)
+        figures["roofline_fraction_best"] = roofline_fraction_best(
+            cache, args.budget, args.sweep, args.repeats, args.seed
+        )
         figures["load_average_after"] = os.getloadavg()
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        for key, value in figures.items():
-            print(f"{key}: {value}")
+    _print(figures, args.json)
     return 0
+
+
+def _print(figures: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    for key, value in figures.items():
+        if key != "roofline_fraction_best":
+            print(f"{key}: {value}")
+    best = figures.get("roofline_fraction_best")
+    if best is None:
+        return
+    print(
+        f"roofline_fraction_best (DRAM {best['dram_bandwidth_gbs']:.1f} GB/s, peak {best['peak_gflops']:.0f} GFLOP/s, "
+        f"target {best['target']} for {', '.join(MEMORY_BOUND)}):"
+    )
+    for name, entry in best["problems"].items():
+        print(f"  {name} {entry['setting']} verdicts {entry['verdicts']}")
+        for shape in entry["shapes"]:
+            low, high = shape["fraction_range"] or (float("nan"), float("nan"))
+            fraction = shape["fraction"] if shape["fraction"] is not None else float("nan")
+            harness = shape["harness_roofline_fraction"]
+            print(
+                f"    {shape['shape']} ({shape['bound']}-bound): {fraction:.3f} [{low:.3f}, {high:.3f}]"
+                f" {shape.get('target', '')}; harness roofline_ns fraction "
+                f"{harness if harness is None else round(harness, 3)}"
+            )
 
 
 if __name__ == "__main__":

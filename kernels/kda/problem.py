@@ -64,6 +64,8 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "FUSE": [0, 1],
     "SIMD": [0, 1],
     "VEC": [256, 512],
+    # 0: the recurrence; > 0: the chunked (WY) form, CHUNK steps at a time (see template.c).
+    "CHUNK": [0, 8, 16, 32],
 }
 
 
@@ -87,8 +89,15 @@ CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
 
 
 def template_allows(params: dict[str, Any]) -> bool:
-    """A block narrower than one 512-bit vector leaves half of each vector idle."""
-    return not (params["VEC"] == 512 and params["DVB"] < 16)
+    """A block narrower than one 512-bit vector leaves half of each vector idle. The chunked form always
+    works on a contiguous buffer (COPY 1), has no passes to fuse or omp simd loops (FUSE 1, SIMD 0), and
+    holds at most 8 vectors of a state row in registers (DVB at most 8 vectors of VEC bits)."""
+    if params["VEC"] == 512 and params["DVB"] < 16:
+        return False
+    if params["CHUNK"] > 0:
+        lanes = params["VEC"] // 32
+        return params["COPY"] == 1 and params["FUSE"] == 1 and params["SIMD"] == 0 and params["DVB"] <= 8 * lanes
+    return True
 
 
 def cuda_template_allows(params: dict[str, Any]) -> bool:

@@ -42,12 +42,16 @@ DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]
 SEED = "seed.c"
 TEMPLATE = "template.c"
 TEMPLATE_PARAMS: dict[str, list[Any]] = {
-    "ACC": [1, 4, 8, 16],
-    "ROWS": [1, 2, 4],
+    "VEC": [0, 256, 512],
+    "ACC": [1, 2, 4, 8, 16],
+    "ROWS": [1, 2, 4, 8],
     "SIMD": [0, 1],
     "FUSED": [0, 1],
-    "VEC": [256, 512],
     "NT": [0, 1],
+    "PF": [0, 1024, 4096],
+    "PFL": [1, 2],
+    "ALIGN": [0, 1],
+    "PIPE": [0, 1],
 }
 EPS = 1e-6
 # The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long.
@@ -71,8 +75,22 @@ CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
 
 
 def template_allows(params: dict[str, Any]) -> bool:
-    """Explicit accumulators (ACC > 1) replace the omp simd reduction, so they exclude SIMD."""
-    return not (params["ACC"] > 1 and params["SIMD"] == 1)
+    """Settings that are pointless, duplicates or spill registers are skipped: SIMD (omp simd reductions) is
+    for the plain-C path with one accumulator and one row; streaming stores need explicit vectors and an
+    aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a vector width (VEC > 0); the prefetch level means
+    nothing without a prefetch; at most 16 accumulators in flight (ROWS x ACC), the registers there are."""
+    vec, simd = params["VEC"], params["SIMD"]
+    if simd and (vec != 0 or params["ACC"] != 1 or params["ROWS"] != 1):
+        return False
+    if params["NT"] and (vec == 0 or not params["ALIGN"]):
+        return False
+    if params["ALIGN"] and vec == 0:
+        return False
+    if params["PF"] == 0 and params["PFL"] != 1:
+        return False
+    if params["PIPE"] and (vec == 0 or params["FUSED"]):
+        return False
+    return bool(params["ROWS"] * params["ACC"] <= 16)
 
 
 def cuda_template_allows(params: dict[str, Any]) -> bool:

@@ -36,12 +36,19 @@ DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]
 SEED = "seed.c"
 TEMPLATE = "template.c"
 TEMPLATE_PARAMS: dict[str, list[Any]] = {
+    "VEC": [0, 256, 512],
     "ONLINE": [0, 1],
     "UNROLL": [1, 2, 4, 8],
+    # Degree of the inline exp's polynomial; 3 (relative error ~8e-5) would break the 1e-4 tolerance.
+    "EXP": [4, 5, 6],
     "SIMD": [0, 1],
     # Named and meant as in rmsnorm's template, so that lessons transfer within the row-reduction family.
     "FUSED": [0, 1],
+    "KEEP": [0, 1],
     "NT": [0, 1],
+    "PF": [0, 1024],
+    "ALIGN": [0, 1],
+    "PIPE": [0, 1],
 }
 
 
@@ -65,8 +72,20 @@ CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
 
 
 def template_allows(params: dict[str, Any]) -> bool:
-    """Restrictions on the template's parameter space (none for softmax)."""
-    return True
+    """Settings that are pointless or duplicates are skipped: SIMD (omp simd) is for the plain-C path (VEC 0);
+    streaming stores need explicit vectors and an aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a vector
+    width (VEC > 0); the scratch row replaces storing into y (KEEP with FUSED 0); the pipelined loop pairs a
+    separate max pass with a final pass that does not read y (PIPE: VEC > 0, ONLINE 0, FUSED 0)."""
+    vec = params["VEC"]
+    if params["SIMD"] and vec != 0:
+        return False
+    if params["NT"] and (vec == 0 or not params["ALIGN"]):
+        return False
+    if params["ALIGN"] and vec == 0:
+        return False
+    if params["KEEP"] and params["FUSED"]:
+        return False
+    return not (params["PIPE"] and (vec == 0 or params["ONLINE"] or params["FUSED"]))
 
 
 def cuda_template_allows(params: dict[str, Any]) -> bool:

@@ -1,313 +1,406 @@
-/* Softmax template. Parameters (SIMD, FUSED and NT mean what they mean in kernels/rmsnorm/template.c, so
- * that lessons keyed by them transfer within the row-reduction family):
+/* Softmax template. Parameters (SIMD, FUSED, NT, VEC, PF, ALIGN, PIPE and KEEP mean what they mean in
+ * kernels/rmsnorm/template.c and the CUDA templates, so that lessons keyed by them transfer within the
+ * row-reduction family):
+ *   VEC     0: plain C loops, vectorised by the compiler as it sees fit (with SIMD, omp simd loops);
+ *           256 or 512: explicit vectors of that many bits (GCC vector extensions: AVX2 or AVX-512
+ *           registers where the target has them, pairs of narrower registers elsewhere)
  *   ONLINE  0: the max is its own pass over the row, before the sum of exponentials.
  *           1: blocked online softmax: one pass finds the max and the sum together; for each chunk of
- *           16 * UNROLL elements, the chunk's max rescales the running sum when it grows.
- *   UNROLL  ONLINE 0: independent accumulators of the max pass; ONLINE 1: chunk length in 16s
- *   SIMD    1: vectorise the element loops with omp simd and an inline exp (a Cody-Waite reduction and a
- *           degree-6 Taylor polynomial, relative error ~2e-7) that involves no library call;
- *           0: plain loops calling expf
+ *           16 * UNROLL * lanes elements, the chunk's max rescales the running sum when it grows.
+ *   UNROLL  independent accumulators (vectors with VEC > 0) of every reduction loop, and its unrolling
+ *   EXP     degree of the polynomial of the inline exp: 2^f on [-1/2, 1/2] after 2^n is split off
+ *           (a least-maximum-relative-error fit: degree 4 ~3e-6, 5 ~2e-7, 6 ~1e-7 in float32; a degree 3
+ *           fit, ~8e-5, would break the 1e-4 tolerance). Below exp(-87) the result is ~1e-38, not 0.
+ *   SIMD    1: omp simd on the plain-C loops (VEC 0 only)
  *   FUSED   1: the reduction pass also stores its exponentials into y and the final pass scales y in
  *           place (ONLINE 1 stores each chunk relative to the max known then and rescales it to the row's
- *           max in the final pass); 0: the reduction passes store nothing and the final pass reads x
- *           again and writes y = exp(x - max) / sum once (ONLINE 1: two passes; ONLINE 0: three passes:
- *           max, sum, write)
+ *           max in the final pass); 0: the final pass reads x again and writes y = exp(x - max) / sum
+ *   KEEP    1: the reduction pass keeps its exponentials in a scratch row (in cache), which the final
+ *           pass scales into y: one exp per element without y's read-for-ownership (FUSED 0 only)
  *   NT      1: the final pass writes y with non-temporal (streaming) stores, which skip reading y's cache
- *           lines from memory first; pays off when y does not fit in cache (AVX/AVX-512 only, plain
- *           stores elsewhere); 0: plain stores
+ *           lines from memory first; pays off when y does not fit in cache (x86 only, plain stores
+ *           elsewhere; needs ALIGN 1 and VEC > 0); an sfence before returning orders them
+ *   PF      software prefetch of x this many bytes ahead of the pass that reads it from memory (0: none)
+ *   ALIGN   1: scalar steps until y's address is aligned to the vector width; 0: start at once
+ *   PIPE    1: software pipelining over rows: one loop finds the max of row r + 1 (reading memory) while
+ *           it writes row r (from cache), so reads and writes stream together as in a copy (ONLINE 0,
+ *           FUSED 0, VEC > 0); 0: each row is reduced, then written
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX__)
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 
+#define VEC {{VEC}}
 #define ONLINE {{ONLINE}}
 #define UNROLL {{UNROLL}}
+#define EXP {{EXP}}
 #define SIMD {{SIMD}}
 #define FUSED {{FUSED}}
+#define KEEP {{KEEP}}
 #define NT {{NT}}
+#define PF {{PF}}
+#define ALIGN {{ALIGN}}
+#define PIPE {{PIPE}}
+
+#if VEC == 512
+#pragma GCC target("prefer-vector-width=512")
+#endif
 
 #if SIMD
 #define KF_SIMD _Pragma("omp simd")
-#define KF_SIMD_SUM _Pragma("omp simd reduction(+:s)")
-#define KF_SIMD_MAX_CHUNK _Pragma("omp simd reduction(max:cm)")
-#define KF_SIMD_SUM_CHUNK _Pragma("omp simd reduction(+:cs)")
-
-/* exp(x) for x <= 0: x = n ln2 + f with |f| <= ln2/2, exp(f) by Taylor to degree 6, 2^n from the exponent
- * bits. Below -87 the result would not be a normal float; it is then ~1e-38 instead of ~0. */
-static inline float kf_exp(float x) {
-    x = fmaxf(x, -87.0f);
-    float n = rintf(x * 1.44269504f);
-    float f = fmaf(n, -0.693359375f, x); /* ln2 split in two so that n * hi is exact */
-    f = fmaf(n, 2.12194440e-4f, f);
-    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+#define KF_SIMD_SUM(s) _Pragma("omp simd reduction(+:s)")
 #else
 #define KF_SIMD
-#define KF_SIMD_SUM
-#define KF_SIMD_MAX_CHUNK
-#define KF_SIMD_SUM_CHUNK
-#define kf_exp expf
+#define KF_SIMD_SUM(s)
 #endif
 
-#if ONLINE
-#define CHUNK (16 * UNROLL)
-#endif
-
-/* Streaming stores: one vector register's worth of lanes per store, and, with SIMD, a vector exp written
- * with intrinsics (computing into a stack buffer with the element loop instead cost ~10% of a call). */
-#if NT && defined(__AVX512F__)
-#define KF_STREAMS 1
-#define KF_LANES 16
-typedef __m512 kf_vec;
-#define kf_set1 _mm512_set1_ps
-#define kf_load _mm512_load_ps
-#define kf_sub _mm512_sub_ps
-#define kf_mul _mm512_mul_ps
-#define kf_stream _mm512_stream_ps
-#define KF_VEC_EXP SIMD
-#elif NT && defined(__AVX__)
-#define KF_STREAMS 1
-#define KF_LANES 8
-typedef __m256 kf_vec;
-#define kf_set1 _mm256_set1_ps
-#define kf_load _mm256_load_ps
-#define kf_sub _mm256_sub_ps
-#define kf_mul _mm256_mul_ps
-#define kf_stream _mm256_stream_ps
-#if defined(__AVX2__) && defined(__FMA__)
-#define KF_VEC_EXP SIMD
-#else
-#define KF_VEC_EXP 0
-#endif
-#else
-#define KF_STREAMS 0
-#define KF_VEC_EXP 0
-#endif
-
-#if KF_VEC_EXP
-/* kf_exp on a vector, the same steps in the same order. */
-static inline kf_vec kf_exp_vec(kf_vec x) {
-#if KF_LANES == 16
-#define KF_FMA _mm512_fmadd_ps
-    x = _mm512_max_ps(x, kf_set1(-87.0f));
-    kf_vec n = _mm512_roundscale_ps(kf_mul(x, kf_set1(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-#define KF_FMA _mm256_fmadd_ps
-    x = _mm256_max_ps(x, kf_set1(-87.0f));
-    kf_vec n = _mm256_round_ps(kf_mul(x, kf_set1(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#endif
-    kf_vec f = KF_FMA(n, kf_set1(-0.693359375f), x);
-    f = KF_FMA(n, kf_set1(2.12194440e-4f), f);
-    kf_vec p = KF_FMA(kf_set1(1.0f / 720), f, kf_set1(1.0f / 120));
-    p = KF_FMA(p, f, kf_set1(1.0f / 24));
-    p = KF_FMA(p, f, kf_set1(1.0f / 6));
-    p = KF_FMA(p, f, kf_set1(0.5f));
-    p = KF_FMA(p, f, kf_set1(1.0f));
-    p = KF_FMA(p, f, kf_set1(1.0f));
-#if KF_LANES == 16
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return kf_mul(p, _mm512_castsi512_ps(bits));
-#else
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return kf_mul(p, _mm256_castsi256_ps(bits));
-#endif
-#undef KF_FMA
+#if VEC > 0
+#define LANES (VEC / 32)
+typedef float kf_v __attribute__((vector_size(VEC / 8)));
+typedef int32_t kf_vi __attribute__((vector_size(VEC / 8)));
+/* The same vector at any float's alignment: loads and stores through it are unaligned ones. */
+typedef float kf_vu __attribute__((vector_size(VEC / 8), aligned(4)));
+#define KF_LOAD(p) (*(const kf_vu *)(p))
+#define KF_STORE(p, v) (*(kf_vu *)(p) = (v))
+#define KF_SPLAT(s) ((kf_v){0} + (s))
+#define KF_TO_INT(v) __builtin_convertvector((v), kf_vi)
+#define KF_TO_FLOAT(i) __builtin_convertvector((i), kf_v)
+#define KF_BITS_TO_FLOAT(i) ((kf_v)(i))
+static inline kf_v kf_max(kf_v a, kf_v b) {
+    const kf_vi m = a > b;
+    return (kf_v)((m & (kf_vi)a) | (~m & (kf_vi)b));
 }
-#endif
-
-#if KF_STREAMS && FUSED && ONLINE
-/* The factors of the vector at c (aligned, so it lies in at most two chunks as their length is a multiple
- * of 16): the first e lanes take chunk b's factor, the rest chunk b + 1's (fac has a spare last entry). */
-static inline kf_vec line_factor(const float *fac, int64_t c) {
-    const int64_t b = c / CHUNK, e = (b + 1) * CHUNK - c;
-    if (e >= KF_LANES) return kf_set1(fac[b]);
-#if KF_LANES == 16
-    return _mm512_mask_blend_ps((__mmask16)((1u << e) - 1), kf_set1(fac[b + 1]), kf_set1(fac[b]));
-#else
-    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_blendv_ps(kf_set1(fac[b]), kf_set1(fac[b + 1]), _mm256_cmp_ps(lane, kf_set1((float)e), _CMP_GE_OQ));
-#endif
-}
-#endif
-
-#if KF_STREAMS && !FUSED && !KF_VEC_EXP
-/* Elements computed into a stack buffer by the element loop before they are streamed out: 1 KiB. */
-#define KF_NT_BLOCK 256
-#endif
-
-#if !ONLINE
-static float row_max(const float *xr, int64_t cols) {
-    float acc[UNROLL];
-    for (int u = 0; u < UNROLL; u++) acc[u] = xr[0];
-    int64_t c = 0;
-    for (; c + UNROLL <= cols; c += UNROLL)
-        for (int u = 0; u < UNROLL; u++) acc[u] = xr[c + u] > acc[u] ? xr[c + u] : acc[u];
-    float m = acc[0];
-    for (int u = 1; u < UNROLL; u++) m = acc[u] > m ? acc[u] : m;
-    for (; c < cols; c++) m = xr[c] > m ? xr[c] : m;
+static inline float kf_hmax(kf_v v) {
+    float m = v[0];
+    for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
     return m;
 }
-#endif
-
-/* The reduction passes: the row's max into *max_out, the sum of exp(x - max) returned. When FUSED, the
- * exponentials are also stored into yr (ONLINE 1: relative to the max in force for each chunk, recorded
- * in chunk_max[b] for the final pass). */
-static inline float reduce_row(const float *restrict xr, float *restrict yr, int64_t cols, float *max_out,
-                               float *restrict chunk_max) {
-#if !FUSED
-    (void)yr;
-#endif
-#if ONLINE
-#if !FUSED
-    (void)chunk_max;
-#endif
-    float m = xr[0], s = 0.0f;
-    for (int64_t c0 = 0, b = 0; c0 < cols; c0 += CHUNK, b++) {
-        const int64_t n = cols - c0 < CHUNK ? cols - c0 : CHUNK;
-        const float *xc = xr + c0;
-        float cm = xc[0];
-        KF_SIMD_MAX_CHUNK
-        for (int64_t c = 0; c < n; c++) cm = xc[c] > cm ? xc[c] : cm;
-        if (cm > m) {
-            s *= kf_exp(m - cm);
-            m = cm;
-        }
-        float cs = 0.0f;
-#if FUSED
-        chunk_max[b] = m;
-        float *yc = yr + c0;
-        KF_SIMD_SUM_CHUNK
-        for (int64_t c = 0; c < n; c++) {
-            float e = kf_exp(xc[c] - m);
-            yc[c] = e;
-            cs += e;
-        }
-#else
-        KF_SIMD_SUM_CHUNK
-        for (int64_t c = 0; c < n; c++) cs += kf_exp(xc[c] - m);
-#endif
-        s += cs;
-    }
-#else
-    (void)chunk_max;
-    const float m = row_max(xr, cols);
+static inline float kf_hsum(kf_v v) {
     float s = 0.0f;
-#if FUSED
-    KF_SIMD_SUM
-    for (int64_t c = 0; c < cols; c++) {
-        float e = kf_exp(xr[c] - m);
-        yr[c] = e;
-        s += e;
-    }
-#else
-    KF_SIMD_SUM
-    for (int64_t c = 0; c < cols; c++) s += kf_exp(xr[c] - m);
-#endif
-#endif
-    *max_out = m;
+    for (int i = 0; i < LANES; i++) s += v[i];
     return s;
 }
+#else
+#define LANES 1
+typedef float kf_v;
+typedef int32_t kf_vi;
+#define KF_LOAD(p) (*(p))
+#define KF_STORE(p, v) (*(p) = (v))
+#define KF_SPLAT(s) ((float)(s))
+#define KF_TO_INT(v) ((int32_t)(v))
+#define KF_TO_FLOAT(i) ((float)(i))
+static inline float kf_bits_to_float(int32_t i) {
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+#define KF_BITS_TO_FLOAT(i) kf_bits_to_float(i)
+#define kf_max(a, b) ((a) > (b) ? (a) : (b))
+#define kf_hmax(v) (v)
+#define kf_hsum(v) (v)
+#endif
+#define STEP (UNROLL * LANES)
+#if VEC > 0
+#define KF_EXP1(s) (kf_exp(KF_SPLAT(s))[0])
+#else
+#define KF_EXP1(s) kf_exp(s)
+#endif
 
-/* The final pass's value of element c: from x (FUSED 0) or by scaling what the reduction stored in y
- * (FUSED 1; ONLINE 1 scales chunk b by fac[b] = exp(chunk_max[b] - max) / sum). */
-#if !FUSED
-#define KF_OUT(c) (kf_exp(xr[c] - m) * inv)
-#elif !ONLINE
-#define KF_OUT(c) (yr[c] * inv)
+/* exp(x) for x <= 0: t = x log2(e) = n + f with n an integer and f in [-1/2, 1/2], 2^f by the polynomial,
+ * 2^n from the exponent bits. x is clamped at -87 so that 2^n stays a normal float. */
+static inline kf_v kf_exp(kf_v x) {
+    x = kf_max(x, KF_SPLAT(-87.0f));
+    const kf_v t = x * 1.44269504f;
+    const kf_vi n = KF_TO_INT(t - 0.5f); /* t <= 0: truncation of t - 1/2 rounds t to nearest */
+    const kf_v f = t - KF_TO_FLOAT(n);
+#if EXP == 4
+    kf_v p = KF_SPLAT(0.009569987654685974f);
+    p = p * f + 0.05591757595539093f;
+    p = p * f + 0.240247443318367f;
+    p = p * f + 0.6931218504905701f;
+    p = p * f + 0.9999992847442627f;
+#elif EXP == 5
+    kf_v p = KF_SPLAT(0.0013276374666020274f);
+    p = p * f + 0.00967551488429308f;
+    p = p * f + 0.05550713464617729f;
+    p = p * f + 0.24022120237350464f;
+    p = p * f + 0.6931469440460205f;
+    p = p * f + 1.0000001192092896f;
 #else
-#define KF_OUT(c) (yr[c] * fac[(c) / CHUNK])
+    kf_v p = KF_SPLAT(0.00015345736755989492f);
+    p = p * f + 0.0013399909948930144f;
+    p = p * f + 0.009618489071726799f;
+    p = p * f + 0.05550329014658928f;
+    p = p * f + 0.24022646248340607f;
+    p = p * f + 0.6931471824645996f;
+    p = p * f + 1.0f;
+#endif
+    return p * KF_BITS_TO_FLOAT((n + 127) << 23);
+}
+
+#if PF > 0
+#define KF_PREFETCH(p) __builtin_prefetch((const char *)(p) + PF, 0, 3)
+#else
+#define KF_PREFETCH(p) ((void)0)
+#endif
+/* One prefetch per 64-byte line a loop step of STEP floats covers. */
+#define KF_PREFETCH_STEP(p)                                                                                   \
+    do {                                                                                                      \
+        for (int l_ = 0; l_ < (STEP * 4 + 63) / 64; l_++) KF_PREFETCH((p) + l_ * 16);                          \
+    } while (0)
+
+#if NT && VEC > 0 && defined(__SSE__)
+#define KF_STREAMS 1
+/* A streaming store of one vector at an address aligned to its width. */
+static inline void kf_stream(float *p, kf_v v) {
+#if VEC == 512 && defined(__AVX512F__)
+    _mm512_stream_ps(p, (__m512)v);
+#elif VEC == 512 && defined(__AVX__)
+    union { kf_v v; __m256 h[2]; } u = {v};
+    _mm256_stream_ps(p, u.h[0]);
+    _mm256_stream_ps(p + 8, u.h[1]);
+#elif VEC == 256 && defined(__AVX__)
+    _mm256_stream_ps(p, (__m256)v);
+#else
+    union { kf_v v; __m128 q[VEC / 128]; } u = {v};
+    for (int i = 0; i < VEC / 128; i++) _mm_stream_ps(p + 4 * i, u.q[i]);
+#endif
+}
+#define KF_PUT(p, v) kf_stream((p), (v))
+#else
+#define KF_STREAMS 0
+#define KF_PUT(p, v) KF_STORE((p), (v))
 #endif
 
-static inline void write_row(const float *restrict xr, float *restrict yr, int64_t cols, float m, float inv,
-                             const float *restrict fac) {
-    (void)xr;
-    (void)m;
-    (void)inv;
-    (void)fac;
-    int64_t c = 0;
-#if KF_STREAMS
-    /* Streaming stores need aligned addresses: plain stores up to the first aligned element. */
-    for (; c < cols && ((uintptr_t)(yr + c) % (4 * KF_LANES)) != 0; c++) yr[c] = KF_OUT(c);
-#if !FUSED && !KF_VEC_EXP
-    /* expf (or no intrinsics for kf_exp): blocks of whole vectors computed into an aligned buffer by the
-     * element loop, which the compiler vectorises as it does the plain one (with a run-time length; a fixed
-     * one may be unrolled into scalar expf calls), then streamed out. */
-    while (c + KF_LANES <= cols) {
-        float buf[KF_NT_BLOCK] __attribute__((aligned(64)));
-        const int64_t whole = (cols - c) / KF_LANES * KF_LANES, n = whole < KF_NT_BLOCK ? whole : KF_NT_BLOCK;
-        KF_SIMD
-        for (int64_t j = 0; j < n; j++) buf[j] = KF_OUT(c + j);
-        for (int64_t j = 0; j < n; j += KF_LANES) kf_stream(yr + c + j, kf_load(buf + j));
-        c += n;
-    }
+/* Elements before y's row reaches the vector alignment (ALIGN 1), capped at n. */
+static inline int64_t kf_head(const float *p, int64_t n) {
+#if ALIGN && VEC > 0
+    const int64_t h = (int64_t)(((uintptr_t)(LANES * 4) - (uintptr_t)p % (LANES * 4)) % (LANES * 4)) / 4;
+    return h < n ? h : n;
 #else
-    const kf_vec vinv = kf_set1(inv);
-#if !FUSED
-    const kf_vec vm = kf_set1(m);
-#endif
-    for (; c + KF_LANES <= cols; c += KF_LANES) {
-#if !FUSED
-        /* x has y's alignment only when the row pitch allows; an unaligned load costs nothing extra here. */
-#if KF_LANES == 16
-        const kf_vec xv = _mm512_loadu_ps(xr + c);
-#else
-        const kf_vec xv = _mm256_loadu_ps(xr + c);
-#endif
-        kf_stream(yr + c, kf_mul(kf_exp_vec(kf_sub(xv, vm)), vinv));
-#elif !ONLINE
-        kf_stream(yr + c, kf_mul(kf_load(yr + c), vinv));
-#else
-        (void)vinv;
-        kf_stream(yr + c, kf_mul(kf_load(yr + c), line_factor(fac, c)));
-#endif
-    }
-#endif
-#endif
-#if FUSED && ONLINE
-    /* Chunk by chunk, so that the factor is a constant of the vectorised loop. */
-    while (c < cols) {
-        const int64_t b = c / CHUNK, end = (b + 1) * CHUNK < cols ? (b + 1) * CHUNK : cols;
-        const float f = fac[b];
-        KF_SIMD
-        for (int64_t i = c; i < end; i++) yr[i] *= f;
-        c = end;
-    }
-#else
-    KF_SIMD
-    for (int64_t i = c; i < cols; i++) yr[i] = KF_OUT(i);
+    (void)p;
+    (void)n;
+    return 0;
 #endif
 }
 
-void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
-    if (cols <= 0) return;
-    float *chunk_max = NULL;
-#if FUSED && ONLINE
-    /* The max in force when each chunk was written, then (in place) the chunk's final factor; one spare
-     * entry for line_factor's look-ahead. */
-    chunk_max = malloc((size_t)((cols + CHUNK - 1) / CHUNK + 1) * sizeof(float));
-    if (chunk_max == NULL) return; /* out of memory: y stays unwritten and the harness says incorrect */
+#if ONLINE
+#define CHUNK (16 * STEP)
 #endif
+
+/* Where the reduction pass stores its exponentials: y (FUSED), the scratch row (KEEP) or nowhere. */
+#define KF_STASH (FUSED || KEEP)
+
+/* The row's max over [lo, hi), from m: UNROLL accumulators, prefetching ahead when the row comes from
+ * memory. */
+static inline float max_range(const float *restrict xr, int64_t lo, int64_t hi, float m) {
+    int64_t c = lo;
+#if VEC == 0 && SIMD
+    KF_SIMD
+    for (int64_t i = lo; i < hi; i++) m = xr[i] > m ? xr[i] : m;
+    return m;
+#else
+    kf_v acc[UNROLL];
+    for (int u = 0; u < UNROLL; u++) acc[u] = KF_SPLAT(m);
+    for (; c + STEP <= hi; c += STEP) {
+        KF_PREFETCH_STEP(xr + c);
+        for (int u = 0; u < UNROLL; u++) acc[u] = kf_max(acc[u], KF_LOAD(xr + c + u * LANES));
+    }
+    for (int u = 0; u < UNROLL; u++) {
+        const float a = kf_hmax(acc[u]);
+        m = a > m ? a : m;
+    }
+    for (; c < hi; c++) m = xr[c] > m ? xr[c] : m;
+    return m;
+#endif
+}
+
+/* Sum of exp(x - m) over [lo, hi); KF_STASH also stores each exponential into e. */
+static inline float sum_range(const float *restrict xr, float *restrict e, int64_t lo, int64_t hi, float m) {
+#if !KF_STASH
+    (void)e;
+#endif
+    int64_t c = lo;
+#if VEC == 0 && SIMD
+    float s = 0.0f;
+    KF_SIMD_SUM(s)
+    for (int64_t i = lo; i < hi; i++) {
+        const float v = kf_exp(xr[i] - m);
+#if KF_STASH
+        e[i] = v;
+#endif
+        s += v;
+    }
+    return s;
+#else
+    const kf_v vm = KF_SPLAT(m);
+    kf_v acc[UNROLL];
+    for (int u = 0; u < UNROLL; u++) acc[u] = KF_SPLAT(0.0f);
+    for (; c + STEP <= hi; c += STEP) {
+        for (int u = 0; u < UNROLL; u++) {
+            const kf_v v = kf_exp(KF_LOAD(xr + c + u * LANES) - vm);
+#if KF_STASH
+            KF_STORE(e + c + u * LANES, v);
+#endif
+            acc[u] += v;
+        }
+    }
+    kf_v t = acc[0];
+    for (int u = 1; u < UNROLL; u++) t += acc[u];
+    float s = kf_hsum(t);
+    for (; c < hi; c++) {
+        const float v = KF_EXP1(xr[c] - m);
+#if KF_STASH
+        e[c] = v;
+#endif
+        s += v;
+    }
+    return s;
+#endif
+}
+
+/* y[lo:hi] = f * (stashed exponential) or, without a stash, f * exp(x - m); scalar steps up to y's
+ * alignment (ALIGN 1) first. */
+static inline void write_range(const float *restrict xr, const float *restrict e, float *restrict yr, int64_t lo,
+                               int64_t hi, float m, float f) {
+    (void)xr;
+    (void)e;
+    (void)m;
+    int64_t c = lo + kf_head(yr + lo, hi - lo);
+#if KF_STASH
+#define KF_SRC_V(c) KF_LOAD(e + (c))
+#define KF_SRC(c) (e[c])
+#else
+#define KF_SRC_V(c) kf_exp(KF_LOAD(xr + (c)) - vm)
+#define KF_SRC(c) KF_EXP1(xr[c] - m)
+#endif
+    for (int64_t i = lo; i < c; i++) yr[i] = KF_SRC(i) * f;
+#if VEC > 0
+    const kf_v vf = KF_SPLAT(f);
+#if !KF_STASH
+    const kf_v vm = KF_SPLAT(m);
+#endif
+    for (; c + STEP <= hi; c += STEP)
+        for (int u = 0; u < UNROLL; u++) KF_PUT(yr + c + u * LANES, KF_SRC_V(c + u * LANES) * vf);
+    for (; c + LANES <= hi; c += LANES) KF_PUT(yr + c, KF_SRC_V(c) * vf);
+#else
+    KF_SIMD
+    for (int64_t i = c; i < hi; i++) yr[i] = KF_SRC(i) * f;
+    c = hi;
+#endif
+    for (; c < hi; c++) yr[c] = KF_SRC(c) * f;
+}
+
+#if PIPE
+/* One pipelined loop: the max of row xn (from memory) while row xr is written to yr with factor f (from the
+ * scratch row, or recomputed from xr and its max m_r). Both at the same column, from yr's aligned head. */
+static float max_and_write(const float *restrict xn, const float *restrict xr, const float *restrict e,
+                           float *restrict yr, int64_t cols, float m_r, float f) {
+    (void)xr;
+    (void)e;
+    const int64_t h = kf_head(yr, cols);
+    float m = max_range(xn, 0, h, xn[0]);
+    write_range(xr, e, yr, 0, h, m_r, f);
+    const kf_v vf = KF_SPLAT(f);
+#if !KF_STASH
+    const kf_v vm = KF_SPLAT(m_r);
+#endif
+    kf_v acc[UNROLL];
+    for (int u = 0; u < UNROLL; u++) acc[u] = KF_SPLAT(m);
+    int64_t c = h;
+    for (; c + STEP <= cols; c += STEP) {
+        KF_PREFETCH_STEP(xn + c);
+        for (int u = 0; u < UNROLL; u++) {
+            acc[u] = kf_max(acc[u], KF_LOAD(xn + c + u * LANES));
+            KF_PUT(yr + c + u * LANES, KF_SRC_V(c + u * LANES) * vf);
+        }
+    }
+    for (int u = 0; u < UNROLL; u++) {
+        const float a = kf_hmax(acc[u]);
+        m = a > m ? a : m;
+    }
+    write_range(xr, e, yr, c, cols, m_r, f);
+    return max_range(xn, c, cols, m);
+}
+#endif
+
+void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    if (cols <= 0 || rows <= 0) return;
+    float *scratch = NULL;
+#if KEEP
+    /* The exponentials of the row being reduced (stays in cache for the rows the benchmark uses). */
+    scratch = malloc((size_t)cols * sizeof(float));
+    if (scratch == NULL) return; /* out of memory: y stays unwritten and the harness says incorrect */
+#endif
+#if ONLINE && KF_STASH
+    /* Per chunk: the max in force when its exponentials were stored, then its final factor. */
+    float *chunk_max = malloc((size_t)(cols / CHUNK + 2) * sizeof(float));
+    if (chunk_max == NULL) {
+        free(scratch);
+        return;
+    }
+#endif
+#if PIPE
+    /* Row 0's max alone; then each row's sum, and its write fused with the next row's max. */
+    float m = max_range(x, 0, cols, x[0]);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
-        float m;
-        const float inv = 1.0f / reduce_row(xr, yr, cols, &m, chunk_max);
-#if FUSED && ONLINE
-        const int64_t chunks = (cols + CHUNK - 1) / CHUNK;
-        for (int64_t b = 0; b < chunks; b++) chunk_max[b] = kf_exp(chunk_max[b] - m) * inv;
-        chunk_max[chunks] = 0.0f;
-#endif
-        write_row(xr, yr, cols, m, inv, chunk_max);
+        const float inv = 1.0f / sum_range(xr, scratch, 0, cols, m);
+        if (r + 1 < rows)
+            m = max_and_write(xr + cols, xr, scratch, yr, cols, m, inv);
+        else
+            write_range(xr, scratch, yr, 0, cols, m, inv);
     }
+#else
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float *e = KEEP ? scratch : yr;
+        const int64_t h = kf_head(yr, cols);
+#if ONLINE
+        /* Chunk b covers [h + (b - 1) CHUNK, h + b CHUNK) (chunk 0 the head), so no aligned vector of the
+         * final pass straddles two chunks. */
+        float m = xr[0], s = 0.0f;
+        int64_t b = 0;
+        for (int64_t lo = 0, hi = h; lo < cols; lo = hi, hi = hi + CHUNK < cols ? hi + CHUNK : cols, b++) {
+            if (hi == lo) continue; /* an empty head */
+            const float cm = max_range(xr, lo, hi, xr[lo]);
+            if (cm > m) {
+                s *= KF_EXP1(m - cm);
+                m = cm;
+            }
+            s += sum_range(xr, e, lo, hi, m);
+#if KF_STASH
+            chunk_max[b] = m;
+#endif
+        }
+        const float inv = 1.0f / s;
+#if KF_STASH
+        b = 0;
+        for (int64_t lo = 0, hi = h; lo < cols; lo = hi, hi = hi + CHUNK < cols ? hi + CHUNK : cols, b++) {
+            if (hi == lo) continue;
+            write_range(xr, e, yr, lo, hi, m, KF_EXP1(chunk_max[b] - m) * inv);
+        }
+#else
+        write_range(xr, e, yr, 0, cols, m, inv);
+#endif
+#else
+        const float m = max_range(xr, 0, cols, xr[0]);
+        const float inv = 1.0f / sum_range(xr, e, 0, cols, m);
+        (void)h;
+        write_range(xr, e, yr, 0, cols, m, inv);
+#endif
+    }
+#endif
+#if ONLINE && KF_STASH
     free(chunk_max);
+#endif
+    free(scratch);
 #if KF_STREAMS
     _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
 #endif

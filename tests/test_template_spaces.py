@@ -1,0 +1,121 @@
+"""The built-in CPU templates' search spaces: large enough to hold near-roofline kernels, and correct in every
+setting the search may draw.
+
+Every allowed setting must compile and validate (docs/problems.md), but compiling thousands is minutes per
+problem; a seeded sample of each space plus its two corners (the first value of every parameter, and the
+setting with the most parameters at their last value) runs here, with one validation seed each, two at a
+time. The sample is fixed per seed, so a failure is reproducible with ``sample(problem)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.harness.cpu import artifact_path, compile_source, harness_shim
+from engine.harness.validation import validate_artifact
+from engine.harness.verdicts import Verdict
+from engine.problems import Problem, builtin_problems, load_problem
+from engine.proposers.random_template import template_space
+
+SAMPLE = 4
+SAMPLE_SEED = 12
+# The memory-bound problems need room for prefetching, blocking, streaming stores and vector widths.
+MIN_SPACE = {"rmsnorm": 300, "softmax": 300, "bias_gelu": 300}
+PROBLEMS = builtin_problems("cpu")
+
+
+def corners(problem: Problem, space: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The allowed settings nearest each end of every parameter's list of values."""
+    values = problem.template_params
+
+    def rank(params: dict[str, Any]) -> int:
+        return sum(values[name].index(value) for name, value in params.items())
+
+    return [min(space, key=rank), max(space, key=rank)]
+
+
+def sample(problem: Problem) -> list[dict[str, Any]]:
+    """The settings checked for ``problem``: its corners and a seeded random draw, without repeats."""
+    space = template_space(problem)
+    chosen = corners(problem, space)
+    rest = [s for s in space if s not in chosen]
+    return chosen + random.Random(f"{SAMPLE_SEED}-{problem.name}").sample(rest, min(SAMPLE, len(rest)))
+
+
+def check(problem: Problem, params: dict[str, Any], cache: Path) -> str:
+    """'ok', or what went wrong with this setting."""
+    compiled = compile_source(problem, problem.render_template(params), cache_dir=cache)
+    if compiled.verdict != Verdict.ok or compiled.artifact_id is None:
+        return f"compile: {compiled.first_error}"
+    report = validate_artifact(problem, compiled.artifact_id, seeds=1, cache_dir=cache)
+    return "ok" if report.verdict == Verdict.ok else f"{report.verdict}: {report.message}"
+
+
+CASES = [(name, params) for name in PROBLEMS for params in sample(load_problem(name))]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every sampled setting compiled and validated, two at a time (compiling is most of the cost)."""
+    cache = tmp_path_factory.mktemp("kf-spaces")
+    # Built once before the threads start: two first builds in one process race on one temporary file name.
+    harness_shim(cache)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {_id(name, params): pool.submit(check, load_problem(name), params, cache) for name, params in CASES}
+        return {key: future.result() for key, future in futures.items()}
+
+
+def _id(name: str, params: dict[str, Any]) -> str:
+    return name + " " + " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+@pytest.mark.parametrize(("name", "params"), CASES, ids=[_id(n, p) for n, p in CASES])
+def test_sampled_setting_compiles_and_validates(name: str, params: dict[str, Any], outcomes: dict[str, str]) -> None:
+    assert outcomes[_id(name, params)] == "ok"
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_space_is_large_and_every_value_is_reachable(name: str) -> None:
+    problem = load_problem(name)
+    space = template_space(problem)
+    assert len(space) >= MIN_SPACE.get(name, 1), f"{name}: {len(space)} settings"
+    for param, values in problem.template_params.items():
+        used = {s[param] for s in space}
+        assert used == set(values), f"{name}: {param} values {set(values) - used} are excluded everywhere"
+
+
+def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) -> None:
+    """Validation draws a few thousand z; the cheapest erf and exp polynomials are checked on a dense grid of
+    z across the whole range where gelu is neither z nor 0, plus the cancellation tail (z < -3)."""
+    problem = load_problem("bias_gelu")
+    z = np.concatenate([np.linspace(-8.0, 8.0, 400_000), np.linspace(-6.0, -2.0, 400_000)]).astype(np.float32)
+    cols = 1000
+    x = np.ascontiguousarray(z.reshape(-1, cols))
+    b = np.zeros(cols, dtype=np.float32)
+    shape = {"rows": x.shape[0], "cols": cols}
+    expected = problem.reference({"x": x, "b": b}, shape)["y"]
+    atol, rtol = problem.tolerance("float32", shape, {"x": x, "b": b})
+    base = {"VEC": 512, "SIMD": 0, "UNROLL": 2, "NT": 0, "PF": 0, "ALIGN": 1}
+    for params in (
+        base | {"ERF": "cheb", "DEG": 11, "EXP": "inline4"},
+        base | {"ERF": "poly", "DEG": 14, "EXP": "inline4"},
+    ):
+        assert problem.template_allows(params)
+        compiled = compile_source(problem, problem.render_template(params), cache_dir=tmp_path)
+        assert compiled.artifact_id is not None, compiled.first_error
+        # Our own template, not a candidate: loading it here, outside the sandbox, is safe.
+        function = getattr(ctypes.CDLL(str(artifact_path(compiled.artifact_id, tmp_path))), problem.entry)
+        function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
+        function.restype = None
+        y = np.full_like(x, np.nan)
+        function(x.ctypes.data, b.ctypes.data, y.ctypes.data, shape["rows"], cols)
+        worst = float(np.max(np.abs(y - expected) / (atol + rtol * np.abs(expected))))
+        assert math.isfinite(worst) and worst < 0.75, f"{params}: error {worst:.2f} of the tolerance"
