@@ -98,7 +98,23 @@ async def test_lessons_count_what_happened(store: EventStore) -> None:
     # The seed (0.5x numpy) is slower than every template: its advantage is below 1, SIMD=1's above.
     assert lessons.priors["seed"].log_advantage_mean < 0
     if any(p["SIMD"] == 1 for p in params) and any(p["SIMD"] == 0 for p in params):
-        streaming = lessons.priors["NT=1"]  # a knob both templates have
+        simd = lessons.priors["SIMD=1"]
+        assert simd.log_advantage_mean > lessons.priors["SIMD=0"].log_advantage_mean
+        assert simd.correct_alpha > 1
+    assert len(lessons.summary.splitlines()) <= SUMMARY_LINES
+    assert "softmax" in lessons.summary
+    measured = [s for s in lessons.settings if s.problem == "softmax"]
+    assert measured
+    best = max(measured, key=lambda s: s.log_speedup_mean)
+    line = next(x for x in lessons.summary.splitlines() if x.startswith("Fastest measured settings"))
+    assert f"{math.exp(best.log_speedup_mean):.2f}x (n={best.n})" in line.split(";")[0]
+
+
+async def test_rmsnorm_learns_from_softmax_through_the_family(store: EventStore) -> None:
+    await record_random_search(store, "s1", "softmax", seed=5, generations=4, per_generation=4)
+    lessons = await lessons_for(store, "rmsnorm", TARGET)
+    assert lessons.candidates == 0 and lessons.family_candidates > 0
+    streaming = lessons.priors["NT=1"]  # a knob both templates have, drawn often in softmax's space
     # Family evidence counts half as much as the problem's own, and a few candidates' worth at most.
     own = (await lessons_for(store, "softmax", TARGET)).priors["NT=1"]
     assert streaming.evidence == pytest.approx(min(own.evidence / 2, FAMILY_MAX_WEIGHT))
