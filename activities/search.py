@@ -57,6 +57,7 @@ from engine.search.steps import (
     StepInput,
     StepOutput,
     TargetInfo,
+    confirmation_event_id,
     playoff_event_id,
     step_event_id,
 )
@@ -423,8 +424,22 @@ class SearchActivities:
         event_id = playoff_event_id(step.search_id, step.candidate.candidate_id, step.incumbent_artifact_id)
         return await self._timed(step, event_id, "search.playoff_round", "playoff")
 
+    @activity.defn(name="kf.confirm")
+    @outage_tolerant
+    @observed_step
+    async def confirm(self, step: StepInput) -> StepOutput:
+        """Re-measure a shaky promotion: the candidate ``step.candidate`` timed against the incumbent
+        (``step.incumbent_artifact_id``) and numpy with the playoff's larger budget. Recorded as
+        candidate.remeasured: a re-measurement of a candidate already judged, never a new verdict."""
+        assert step.incumbent_artifact_id is not None, "a re-measurement needs the incumbent's artifact"
+        event_id = confirmation_event_id(
+            step.search_id, step.generation, step.candidate.candidate_id, step.incumbent_artifact_id
+        )
+        return await self._timed(step, event_id, "candidate.remeasured", "confirm")
+
     async def _timed(self, step: StepInput, event_id: str, event_type: str, name: str) -> StepOutput:
-        """The benchmark step and a playoff round alike: time, record under ``event_id``, return the figures."""
+        """The benchmark step, a playoff round and a re-measurement alike: time, record under ``event_id``,
+        return the figures."""
         recorded = await self._recorded_output(event_id)
         if recorded is not None:
             return recorded
@@ -476,6 +491,7 @@ class SearchActivities:
             speedup_ci_low=None if untimed else numpy_report.ci_low,
             speedup_ci_high=None if untimed else numpy_report.ci_high,
             roofline_fraction=versus.roofline_fraction,
+            shared_cores=not versus.cpus_exclusive,
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,
         )

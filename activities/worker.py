@@ -90,6 +90,7 @@ def build_workers(
         acts.validate,
         acts.benchmark,
         acts.playoff,
+        acts.confirm,
     ]
     for target in targets:
         gpu = target.startswith("cuda-")

@@ -47,6 +47,7 @@ SPEC_OPTIONS = {
     "budget.max_llm_usd": "max_llm_usd",
     "promotion.margin": "margin",
     "promotion.confidence": "confidence",
+    "promotion.confirm_halfwidth": "confirm_halfwidth",
     "seed": "seed",
     "benchmark_seconds": "benchmark_seconds",
     "threads": "threads",
@@ -155,6 +156,13 @@ def add_spec_options(parser: argparse.ArgumentParser, *, resume_from: bool = Tru
     _add_spec_option(parser, "--max-llm-usd", "budget.max_llm_usd", number, "stop LLM proposing at this spend")
     _add_spec_option(parser, "--margin", "promotion.margin", number, "promotion margin, e.g. 0.02")
     _add_spec_option(parser, "--confidence", "promotion.confidence", number, "promotion confidence, e.g. 0.95")
+    _add_spec_option(
+        parser,
+        "--confirm-halfwidth",
+        "promotion.confirm_halfwidth",
+        number,
+        "re-measure a promotion whose interval's relative half-width is above this (0: every one)",
+    )
     _add_spec_option(
         parser, "--seed", "seed", integer, "seed of the proposers' randomness (default: a fresh one, recorded)"
     )

@@ -52,6 +52,7 @@ CLI_ROWS: list[tuple[list[str], list[str]]] = [
     ([*START, "--margin", "2"], ["--margin", "from 0 to 1"]),
     ([*START, "--confidence", "1"], ["--confidence", "more than 0.5 and less than 1"]),
     ([*START, "--confidence", "0.5"], ["--confidence", "more than 0.5 and less than 1"]),
+    ([*START, "--confirm-halfwidth", "-0.1"], ["--confirm-halfwidth", "promotion.confirm_halfwidth", "from 0 to 1"]),
     ([*START, "--seed", "-1"], ["--seed", "from 0 to 4294967295"]),
     ([*START, "--seed", str(2**32)], ["--seed", "from 0 to 4294967295"]),
     ([*START, "--benchmark-seconds", "inf"], ["--benchmark-seconds", "at most 600"]),

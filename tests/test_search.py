@@ -19,7 +19,9 @@ from engine.evidence.store import EventStore
 from engine.harness.evaluation import validate_artifact
 from engine.problems import load_problem
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
-from engine.search.state import SearchResult, SearchStatus
+from engine.search.promotion import choose_promotion, shaky
+from engine.search.spec import PromotionPolicy
+from engine.search.state import CandidateOutcome, SearchResult, SearchStatus
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +84,72 @@ async def test_two_generation_search_records_everything_and_promotes_only_on_con
     assert compiled.metadata["attempt"] >= 1 and compiled.metadata["activity_id"]
     assert compiled.metadata["worker"] == f"test-worker-{prefix}"
     assert compiled.metadata["hardware"]["cpu_model"]
+
+
+def test_a_reading_is_shaky_when_its_interval_is_wide_or_its_cores_were_shared() -> None:
+    policy = PromotionPolicy(confirm_halfwidth=0.05)
+
+    def outcome(ratio: float, low: float, high: float, shared: bool = False) -> CandidateOutcome:
+        return CandidateOutcome(
+            candidate_id="c",
+            label="c",
+            verdict="ok",
+            ratio=ratio,
+            ratio_ci_low=low,
+            ratio_ci_high=high,
+            shared_cores=shared,
+        )
+
+    assert not shaky(outcome(2.0, 1.95, 2.05), policy)  # half-width 2.5%
+    assert shaky(outcome(4.18, 3.40, 5.19), policy)  # the load spike that once steered a search
+    assert shaky(outcome(2.0, 1.95, 2.05, shared=True), policy)  # a busy machine, however narrow
+    assert shaky(CandidateOutcome(candidate_id="c", label="c", verdict="ok", ratio=2.0), policy)  # no interval
+    assert shaky(outcome(2.0, 1.95, 2.05), PromotionPolicy(confirm_halfwidth=0.0))  # 0: every promotion
+
+
+async def test_a_shaky_promotion_is_re_measured_and_promotes_only_if_it_holds(
+    client: Client, store: EventStore, prefix: str
+) -> None:
+    # confirm_halfwidth 0: every promotion over an incumbent is re-measured first.
+    spec = {"problem": "softmax", "generations": 1, "candidates_per_generation": 3, "seed": 11, **QUICK}
+    async with running_worker(client, store, prefix):
+        handle = await start(client, prefix, {**spec, "promotion": {"confirm_halfwidth": 0.0}})
+        result = await handle.result()
+    assert result.status == "completed"
+    events = await store.read_stream(stream_of(handle.id))
+    assert_complete_record(events, result)
+    policy = PromotionPolicy()
+    [generation] = [e.payload for e in events if e.type == "generation.completed" and e.payload["generation"] == 1]
+    chosen = choose_promotion([CandidateOutcome.model_validate(o) for o in generation["outcomes"]], policy)
+    assert chosen is not None, "no candidate beat the seed: the test proved nothing"
+    seed_promotion = next(e for e in events if e.type == "incumbent.promoted")
+    rounds = [
+        e
+        for e in events
+        if e.type == "candidate.remeasured"
+        and e.payload["candidate_id"] == chosen.candidate_id
+        and e.payload["evidence"]["incumbent_artifact_id"] is not None
+    ]
+    assert rounds, "the promotion was not re-measured"
+    confirmation = rounds[0]
+    assert confirmation.position < generation_position(events, 1)
+    promoted = [e.payload for e in events if e.type == "incumbent.promoted" and e.payload["generation"] == 1]
+    output = confirmation.payload["output"]
+    if output["verdict"] == "ok" and output["ratio_ci_low"] > 1 + policy.margin:
+        # It held: promoted with the re-measurement's figures, and saying so.
+        [promotion] = promoted
+        assert promotion["candidate_id"] == chosen.candidate_id and "confirmed" in promotion["reason"]
+        assert promotion["ratio_ci_low"] == output["ratio_ci_low"] and promotion["speedup"] == output["speedup"]
+    else:
+        assert not promoted, "a promotion its re-measurement did not hold up went through"
+    assert seed_promotion.payload["generation"] == 0
+
+
+def generation_position(events: list[Any], generation: int) -> int:
+    """The log position of the generation.completed event of ``generation``."""
+    return next(
+        e.position for e in events if e.type == "generation.completed" and e.payload["generation"] == generation
+    )
 
 
 async def test_the_web_ui_payload_alone_starts_a_complete_search(client: Client, store: EventStore) -> None:

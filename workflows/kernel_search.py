@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.input_errors import explain
     from engine.search.candidates import Candidate
     from engine.search.console import current_details
-    from engine.search.promotion import choose_promotion
+    from engine.search.promotion import choose_promotion, clears_margin, shaky
     from engine.search.spec import (
         MAX_BENCHMARK_SECONDS,
         MAX_SEED,
@@ -90,6 +90,8 @@ PLAYOFF_CONTENDERS = 3
 PLAYOFF_BUDGET_MULTIPLE = 4.0
 # Histories recorded before the playoff existed replay without it (workflow.patched).
 PLAYOFF_PATCH = "final-playoff"
+# Histories recorded before shaky promotions were re-measured replay without it.
+CONFIRM_PATCH = "confirm-shaky-promotions"
 STATE_KEY = "state"
 
 
@@ -310,6 +312,7 @@ class KernelSearch:
                     outcome.speedup, outcome.speedup_ci_low = timed.speedup, timed.speedup_ci_low
                     outcome.speedup_ci_high = timed.speedup_ci_high
                     outcome.roofline_fraction = timed.roofline_fraction
+                    outcome.shared_cores = timed.shared_cores
         except ActivityError as error:
             # The harness or the infrastructure failed past its retries (a kernel's failure is a verdict,
             # returned normally): the candidate was not judged. Its outcome says exactly that -- never the
@@ -385,18 +388,12 @@ class KernelSearch:
         won: StepOutput | None = None
         for number, challenger in enumerate(challengers, start=1):
             assert challenger.outcome.artifact_id is not None
-            step = StepInput(
-                search_id=state.search_id,
-                generation=state.current_generation,
-                problem=spec.problem,
-                candidate=challenger.candidate,
-                threads=spec.threads,
-                artifact_id=challenger.outcome.artifact_id,
-                incumbent_artifact_id=leader_artifact,
-                benchmark_seconds=min(spec.benchmark_seconds * PLAYOFF_BUDGET_MULTIPLE, MAX_BENCHMARK_SECONDS),
-                confidence=spec.promotion.confidence,
-                seed=(spec.seed or 0) + 1_000_003 * number,
-                target=self._target_name(),
+            step = self._remeasure_step(
+                challenger.candidate,
+                challenger.outcome.artifact_id,
+                leader_artifact,
+                state.current_generation,
+                (spec.seed or 0) + 1_000_003 * number,
             )
             round_: dict[str, Any] = {
                 "round": number,
@@ -447,6 +444,58 @@ class KernelSearch:
             f"{state.search_id}/playoff/promoted",
         )
 
+    def _remeasure_step(
+        self, candidate: Candidate, artifact_id: str, leader_artifact: str, generation: int, seed: int
+    ) -> StepInput:
+        """A re-measurement of ``candidate`` against the leader's artifact with the playoff's larger budget: a
+        final playoff round (search.playoff_round), or the confirmation of a shaky promotion (candidate.remeasured)."""
+        state = self._require_state()
+        spec = state.spec
+        return StepInput(
+            search_id=state.search_id,
+            generation=generation,
+            problem=spec.problem,
+            candidate=candidate,
+            threads=spec.threads,
+            artifact_id=artifact_id,
+            incumbent_artifact_id=leader_artifact,
+            benchmark_seconds=min(spec.benchmark_seconds * PLAYOFF_BUDGET_MULTIPLE, MAX_BENCHMARK_SECONDS),
+            confidence=spec.promotion.confidence,
+            seed=seed,
+            target=self._target_name(),
+        )
+
+    async def _confirm(self, chosen: CandidateOutcome) -> StepOutput | None:
+        """Re-measure a shaky promotion against the incumbent with the larger budget: the re-measurement when
+        it clears the margin too, else None (no promotion this generation; the harness failing is no
+        confirmation either). A load spike once read 4.18x [3.40, 5.19] for a kernel that re-measured 2.9x."""
+        state = self._require_state()
+        assert state.incumbent is not None and chosen.artifact_id is not None
+        step = self._remeasure_step(
+            self._candidate_by_id(chosen.candidate_id),
+            chosen.artifact_id,
+            state.incumbent.artifact_id,
+            state.generation,
+            (state.spec.seed or 0) + 2_000_003 + state.generation,
+        )
+        self._doing["confirm"] = "re-measuring a shaky promotion"
+        try:
+            timed = await self._hardware("kf.confirm", step, minutes=30)
+        except ActivityError:
+            return None
+        finally:
+            self._doing.pop("confirm", None)
+        self._witness(timed.head)
+        confirmed = CandidateOutcome(
+            candidate_id=chosen.candidate_id,
+            label=chosen.label,
+            verdict=timed.verdict,
+            ratio_ci_low=timed.ratio_ci_low,
+        )
+        if not clears_margin(confirmed, state.spec.promotion) or timed.speedup is None:
+            return None
+        return timed
+
     async def _promote(self, outcomes: list[CandidateOutcome]) -> None:
         state = self._require_state()
         if state.incumbent is None:
@@ -463,10 +512,17 @@ class KernelSearch:
             )
         if chosen is None or chosen.artifact_id is None or chosen.speedup is None:
             return
+        figures: CandidateOutcome | StepOutput = chosen
+        if state.incumbent is not None and shaky(chosen, state.spec.promotion) and workflow.patched(CONFIRM_PATCH):
+            confirmed = await self._confirm(chosen)
+            if confirmed is None:
+                return
+            figures = confirmed
+            reason += ", confirmed by a re-measurement with the playoff's larger budget"
         await self._install_incumbent(
             self._candidate_by_id(chosen.candidate_id),
             chosen.artifact_id,
-            chosen,
+            figures,
             state.generation,
             reason,
             f"{state.search_id}/g{state.generation}/promoted",
@@ -735,7 +791,7 @@ class KernelSearch:
         "final playoff round 2 of 3"; empty between steps."""
         counts: dict[str, int] = {}
         for key, doing in self._doing.items():
-            if key in ("propose", "playoff"):
+            if key in ("propose", "playoff", "confirm"):
                 return doing
             counts[doing] = counts.get(doing, 0) + 1
         order = ("compiling", "validating", "benchmarking")

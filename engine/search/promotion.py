@@ -17,6 +17,16 @@ def clears_margin(outcome: CandidateOutcome, policy: PromotionPolicy) -> bool:
     return outcome.verdict == "ok" and outcome.ratio_ci_low is not None and outcome.ratio_ci_low > 1.0 + policy.margin
 
 
+def shaky(outcome: CandidateOutcome, policy: PromotionPolicy) -> bool:
+    """True when the reading must be re-measured before it promotes: timed on shared cores, or the relative
+    half-width of its ratio's interval is above ``policy.confirm_halfwidth`` (or unknown)."""
+    if outcome.shared_cores:
+        return True
+    if outcome.ratio is None or outcome.ratio_ci_low is None or outcome.ratio_ci_high is None or outcome.ratio <= 0:
+        return True
+    return (outcome.ratio_ci_high - outcome.ratio_ci_low) / (2 * outcome.ratio) > policy.confirm_halfwidth
+
+
 def choose_promotion(outcomes: Sequence[CandidateOutcome], policy: PromotionPolicy) -> CandidateOutcome | None:
     """The candidate to promote from one generation, or None.
 

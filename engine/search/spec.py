@@ -115,6 +115,11 @@ class PromotionPolicy(BaseModel):
     """Required speedup over the incumbent beyond 1.0: 0.02 asks for the interval to clear 1.02."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1, strict=True)
     """Confidence level of the interval on the speedup ratio whose lower end must clear the margin."""
+    confirm_halfwidth: float = Field(default=0.05, ge=0, le=1, strict=True)
+    """A promotion whose reading is shaky -- the interval of its ratio over the incumbent is wider than this
+    (relative half-width), or its timing shared its cores with other work -- is re-measured against the
+    incumbent with the playoff's larger budget first, and promotes only if the re-measurement clears the
+    margin too. 0 re-measures every promotion; 1 only those timed on shared cores."""
 
 
 class SearchSpec(BaseModel):

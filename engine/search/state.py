@@ -59,6 +59,8 @@ class CandidateOutcome(BaseModel):
     """Upper end of the speedup over numpy's interval."""
     roofline_fraction: float | None = None
     """Fraction of the machine's roofline it reached (1.0 is at the bound); None when not timed or not known."""
+    shared_cores: bool = False
+    """Its timing shared its cores with other work (the machine was busy): re-measured before it promotes."""
     reused: bool = False
     """True when the outcome was found in the event log rather than measured again."""
 

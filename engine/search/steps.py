@@ -20,6 +20,11 @@ def step_event_id(search_id: str, generation: int, candidate_id: str, step: str)
     return f"{search_id}/g{generation}/{candidate_id[:24]}/{step}"
 
 
+def confirmation_event_id(search_id: str, generation: int, candidate_id: str, incumbent_artifact_id: str) -> str:
+    """The idempotency key of the re-measurement that confirms (or not) a shaky promotion."""
+    return f"{search_id}/g{generation}/{candidate_id[:24]}/remeasured/vs/{incumbent_artifact_id[:24]}"
+
+
 def playoff_event_id(search_id: str, challenger_id: str, leader_artifact_id: str) -> str:
     """The idempotency key of one round of a search's final playoff (a challenger against the leader)."""
     return f"{search_id}/playoff/{challenger_id[:24]}/vs/{leader_artifact_id[:24]}"
@@ -153,6 +158,9 @@ class StepOutput(BaseModel):
     """Benchmark: lower end of that interval."""
     speedup_ci_high: float | None = None
     """Benchmark: upper end of that interval."""
+    shared_cores: bool = False
+    """Benchmark: the timing shared its cores with another sandbox (the machine was busy), so the reading is
+    re-measured before it promotes."""
     roofline_fraction: float | None = None
     """Benchmark: how close the candidate came to the machine's roofline (weighted geometric mean over shapes
     of bound / time; 1.0 is at the bound), None where no bound was computed."""
