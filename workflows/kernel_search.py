@@ -486,13 +486,7 @@ class KernelSearch:
         finally:
             self._doing.pop("confirm", None)
         self._witness(timed.head)
-        confirmed = CandidateOutcome(
-            candidate_id=chosen.candidate_id,
-            label=chosen.label,
-            verdict=timed.verdict,
-            ratio_ci_low=timed.ratio_ci_low,
-        )
-        if not clears_margin(confirmed, state.spec.promotion) or timed.speedup is None:
+        if not clears_margin(timed, state.spec.promotion) or timed.speedup is None:
             return None
         return timed
 

@@ -7,13 +7,24 @@ An A/A comparison has an interval around 1.0, so a kernel never promotes over it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from engine.search.spec import PromotionPolicy
 from engine.search.state import CandidateOutcome
 
 
-def clears_margin(outcome: CandidateOutcome, policy: PromotionPolicy) -> bool:
-    """True when the outcome is correct and its ratio's lower bound is above ``1 + margin``."""
+class Reading(Protocol):
+    """A timed reading over the incumbent: a candidate's outcome, or a re-measurement's step output."""
+
+    @property
+    def verdict(self) -> str: ...
+
+    @property
+    def ratio_ci_low(self) -> float | None: ...
+
+
+def clears_margin(outcome: Reading, policy: PromotionPolicy) -> bool:
+    """True when the reading is correct and its ratio's lower bound is above ``1 + margin``."""
     return outcome.verdict == "ok" and outcome.ratio_ci_low is not None and outcome.ratio_ci_low > 1.0 + policy.margin
 
 
