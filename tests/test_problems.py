@@ -19,7 +19,7 @@ import pytest
 from engine.errors import UnknownProblemError, UserError
 from engine.problems import Problem, builtin_problems, load_problem
 
-SUITE = ["bias_gelu", "kda", "matmul", "rmsnorm", "softmax"]
+SUITE = ["add_rmsnorm", "bias_gelu", "kda", "l2norm", "matmul", "rmsnorm", "softmax"]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "problems.md"
 
 
@@ -146,6 +146,33 @@ def test_rmsnorm_eps_is_a_float32_scalar_and_keeps_zero_rows_defined() -> None:
     assert zero_rows.any()
     y = rmsnorm.reference(inputs, shape)["y"]
     assert (y[zero_rows] == 0).all() and np.isfinite(y).all()
+
+
+def test_l2norm_divides_rows_below_eps_by_eps_and_keeps_zero_rows_zero() -> None:
+    l2norm = load_problem("l2norm")
+    shape = {"rows": 64, "cols": 33}
+    inputs = l2norm.make_inputs(shape, "edge", 0)
+    x, eps = inputs["x"].astype(np.float64), float(inputs["eps"])
+    y = l2norm.reference(inputs, shape)["y"]
+    norms = np.linalg.norm(x, axis=1)
+    zero, tiny, normal = norms == 0, (norms > 0) & (norms < eps), norms >= eps
+    assert zero.any() and tiny.any() and normal.any()
+    assert (y[zero] == 0).all() and np.isfinite(y).all()
+    np.testing.assert_allclose(y[tiny], x[tiny] / eps)
+    np.testing.assert_allclose(np.linalg.norm(y[normal], axis=1), 1.0)
+
+
+def test_add_rmsnorm_writes_the_sum_and_normalises_it() -> None:
+    """h is x + residual; y is rmsnorm of h: edge rows where x cancels the residual stay defined through eps."""
+    add_rmsnorm, rmsnorm = load_problem("add_rmsnorm"), load_problem("rmsnorm")
+    shape = {"rows": 64, "cols": 33}
+    inputs = add_rmsnorm.make_inputs(shape, "edge", 0)
+    out = add_rmsnorm.reference(inputs, shape)
+    h = inputs["x"].astype(np.float64) + inputs["residual"]
+    np.testing.assert_array_equal(out["h"], h)
+    assert (~h.any(axis=1)).any() and np.isfinite(out["y"]).all()
+    alone = rmsnorm.reference({"x": h, "w": inputs["w"], "eps": inputs["eps"]}, shape)["y"]
+    np.testing.assert_allclose(out["y"], alone)
 
 
 def test_bias_gelu_reference_erfc_is_float64_accurate() -> None:

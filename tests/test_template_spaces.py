@@ -28,7 +28,7 @@ from engine.proposers.random_template import template_space
 SAMPLE = 4
 SAMPLE_SEED = 12
 # The memory-bound problems need room for prefetching, blocking, streaming stores and vector widths.
-MIN_SPACE = {"rmsnorm": 300, "softmax": 300, "bias_gelu": 300}
+MIN_SPACE = {"rmsnorm": 300, "softmax": 300, "bias_gelu": 300, "l2norm": 300, "add_rmsnorm": 300}
 PROBLEMS = builtin_problems("cpu")
 
 

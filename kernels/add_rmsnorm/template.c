@@ -1,0 +1,338 @@
+/* Residual add + RMSNorm template: h = x + residual, y = h / sqrt(mean(h²) + eps) * w per row. Parameters (each
+ * means what it means in kernels/rmsnorm/template.c, so that lessons keyed by them transfer within the
+ * row-reduction family):
+ *   VEC    0: plain C loops, vectorised by the compiler as it sees fit (with SIMD, omp simd reductions);
+ *          256 or 512: explicit vectors of that many bits (GCC vector extensions: AVX2 or AVX-512 registers
+ *          where the target has them, pairs of narrower registers elsewhere)
+ *   ACC    independent partial sums of squares per row: vectors with VEC > 0, floats with VEC 0
+ *   ROWS   rows reduced together: their loops are interleaved, 2 x ROWS memory streams read at once (more
+ *          misses in flight, and the per-row square root and horizontal sum overlap); then written one by one
+ *   SIMD   ask the compiler to vectorise with omp simd reductions (VEC 0, one accumulator, one row only)
+ *   FUSED  1: the reduction pass (which reads x and residual and writes h) also stores its elementwise result
+ *          h * w into y, the final pass scales y in place; 0: the final pass reads h (the reduction pass just
+ *          wrote it: the row is still in cache) and w again
+ *   NT     1: the final pass writes y with non-temporal (streaming) stores, which skip reading y's cache
+ *          lines from memory first; pays off when y does not fit in cache (x86 only, plain stores
+ *          elsewhere; needs ALIGN 1 and VEC > 0). An sfence before returning orders them. h is stored
+ *          plainly: the final pass reads it back from cache.
+ *   PF     software prefetch of x and residual this many bytes ahead of the reduction's loads (0: none, the
+ *          hardware prefetcher alone, which stops at every 4 KiB page)
+ *   PFL    the cache level the prefetch fills: 1 (L1, prefetcht0) or 2 (L2, prefetcht1)
+ *   ALIGN  1: scalar steps until the vector loop's address is aligned to the vector width (h, which it
+ *          stores, in the reduction; y in the final pass), so no store splits a cache line; 0: start at once
+ *   PIPE   1: software pipelining over blocks of ROWS rows: one loop reduces block b + 1 (reading x and
+ *          residual from memory, writing h) while it writes block b's y (from h in cache), so reads and writes
+ *          stream together; 0: each block is reduced, then written. Needs VEC > 0 and FUSED 0
+ */
+#include <math.h>
+#include <stdint.h>
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
+#define VEC {{VEC}}
+#define ACC {{ACC}}
+#define ROWS {{ROWS}}
+#define SIMD {{SIMD}}
+#define FUSED {{FUSED}}
+#define NT {{NT}}
+#define PF {{PF}}
+#define PFL {{PFL}}
+#define ALIGN {{ALIGN}}
+#define PIPE {{PIPE}}
+
+#if VEC == 512
+#pragma GCC target("prefer-vector-width=512")
+#else
+#pragma GCC target("prefer-vector-width=256")
+#endif
+
+#if VEC > 0
+#define LANES (VEC / 32)
+typedef float kf_v __attribute__((vector_size(VEC / 8)));
+/* The same vector at any float's alignment: loads and stores through it are unaligned ones. */
+typedef float kf_vu __attribute__((vector_size(VEC / 8), aligned(4)));
+#define KF_LOAD(p) (*(const kf_vu *)(p))
+#define KF_STORE(p, v) (*(kf_vu *)(p) = (v))
+#else
+#define LANES 1
+typedef float kf_v;
+#define KF_LOAD(p) (*(p))
+#define KF_STORE(p, v) (*(p) = (v))
+#endif
+#define STEP (ACC * LANES)
+#define KF_ALIGN_BYTES (LANES * 4)
+
+#if PF > 0
+/* locality 3 is prefetcht0 (into L1), 2 prefetcht1 (into L2); a prefetch never faults, even past the end */
+#define KF_PREFETCH(p) __builtin_prefetch((const char *)(p) + PF, 0, PFL == 1 ? 3 : 2)
+#else
+#define KF_PREFETCH(p) ((void)0)
+#endif
+
+#if NT && VEC > 0 && defined(__SSE__)
+#define KF_STREAMS 1
+/* A streaming store of one vector at an address aligned to its width. */
+static inline void kf_stream(float *p, kf_v v) {
+#if VEC == 512 && defined(__AVX512F__)
+    _mm512_stream_ps(p, (__m512)v);
+#elif VEC == 512 && defined(__AVX__)
+    union { kf_v v; __m256 h[2]; } u = {v};
+    _mm256_stream_ps(p, u.h[0]);
+    _mm256_stream_ps(p + 8, u.h[1]);
+#elif VEC == 256 && defined(__AVX__)
+    _mm256_stream_ps(p, (__m256)v);
+#else
+    union { kf_v v; __m128 q[VEC / 128]; } u = {v};
+    for (int i = 0; i < VEC / 128; i++) _mm_stream_ps(p + 4 * i, u.q[i]);
+#endif
+}
+#define KF_PUT(p, v) kf_stream((p), (v))
+#else
+#define KF_STREAMS 0
+#define KF_PUT(p, v) KF_STORE((p), (v))
+#endif
+
+static inline float kf_hsum(kf_v v) {
+#if VEC > 0
+    float s = 0.0f;
+    for (int i = 0; i < LANES; i++) s += v[i];
+    return s;
+#else
+    return v;
+#endif
+}
+
+/* Elements before p reaches the vector alignment (ALIGN 1), capped at n. */
+static inline int64_t kf_head(const float *p, int64_t n) {
+#if ALIGN && VEC > 0
+    int64_t h = (int64_t)((KF_ALIGN_BYTES - (uintptr_t)p % KF_ALIGN_BYTES) % KF_ALIGN_BYTES) / 4;
+    return h < n ? h : n;
+#else
+    (void)p;
+    (void)n;
+    return 0;
+#endif
+}
+
+#if FUSED
+#define KF_OUT_V(c) (KF_LOAD(yr + (c)) * vinv)
+#define KF_OUT(c) (yr[c] * inv)
+#else
+#define KF_OUT_V(c) (KF_LOAD(hr + (c)) * vinv * KF_LOAD(w + (c)))
+#define KF_OUT(c) (hr[c] * inv * w[c])
+#endif
+
+/* The final pass of one row: y = h * inv * w (FUSED 0) or y *= inv (FUSED 1). */
+static inline void scale_row(const float *restrict hr, const float *restrict w, float *restrict yr, int64_t cols,
+                             float inv) {
+    (void)hr;
+    (void)w;
+    int64_t c = kf_head(yr, cols);
+    for (int64_t i = 0; i < c; i++) yr[i] = KF_OUT(i);
+#if VEC > 0
+    const kf_v vinv = (kf_v){0} + inv;
+    for (; c + STEP <= cols; c += STEP)
+        for (int a = 0; a < ACC; a++) KF_PUT(yr + c + a * LANES, KF_OUT_V(c + a * LANES));
+    for (; c + LANES <= cols; c += LANES) KF_PUT(yr + c, KF_OUT_V(c));
+#elif SIMD
+#pragma omp simd
+    for (int64_t i = c; i < cols; i++) yr[i] = KF_OUT(i);
+    c = cols;
+#endif
+    for (; c < cols; c++) yr[c] = KF_OUT(c);
+}
+
+/* h = x + residual over [lo, hi) of one row and its sum of squares (and, FUSED, y = h * w there): the scalar
+ * heads and tails. */
+static inline float add_sum_squares_scalar(const float *restrict xr, const float *restrict rr,
+                                           const float *restrict w, float *restrict hr, float *restrict yr,
+                                           int64_t lo, int64_t hi) {
+    (void)w;
+    (void)yr;
+    float s = 0.0f;
+    for (int64_t c = lo; c < hi; c++) {
+        const float v = xr[c] + rr[c];
+        hr[c] = v;
+        s += v * v;
+#if FUSED
+        yr[c] = v * w[c];
+#endif
+    }
+    return s;
+}
+
+/* The common length of R rows' vector loops, each from its own head (a multiple of STEP). */
+static inline __attribute__((always_inline)) int64_t kf_body(const float *base, int64_t cols, int64_t *head,
+                                                             const int R) {
+    int64_t body = cols;
+    for (int i = 0; i < R; i++) {
+        head[i] = kf_head(base + i * cols, cols);
+        body = cols - head[i] < body ? cols - head[i] : body;
+    }
+    return body / STEP * STEP;
+}
+
+/* h = x + residual for R rows and their sums of squares into ss, the rows' loops interleaved; FUSED also
+ * stores h * w into y. Inlined with R a constant, so the arrays of accumulators live in registers. */
+static inline __attribute__((always_inline)) void reduce_rows(const float *restrict x, const float *restrict res,
+                                                              const float *restrict w, float *restrict h,
+                                                              float *restrict y, int64_t cols, float *ss,
+                                                              const int R) {
+    int64_t head[ROWS];
+#if VEC == 0 && SIMD
+    /* one accumulator, one row (template_allows): the compiler's own vector reduction */
+    (void)head;
+    (void)R;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < cols; c++) {
+        KF_PREFETCH(x + c);
+        KF_PREFETCH(res + c);
+        const float v = x[c] + res[c];
+        h[c] = v;
+        s += v * v;
+#if FUSED
+        y[c] = v * w[c];
+#endif
+    }
+    ss[0] = s;
+#else
+    const int64_t body = kf_body(h, cols, head, R);
+    kf_v acc[ROWS][ACC];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 16
+        for (int a = 0; a < ACC; a++) acc[i][a] = (kf_v){0};
+    for (int64_t c = 0; c < body; c += STEP) {
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            const int64_t o = i * cols + head[i] + c;
+            /* one prefetch per 64-byte line this step covers, of each input */
+#pragma GCC unroll 16
+            for (int l = 0; l < (STEP * 4 + 63) / 64; l++) {
+                KF_PREFETCH(x + o + l * 16);
+                KF_PREFETCH(res + o + l * 16);
+            }
+#pragma GCC unroll 16
+            for (int a = 0; a < ACC; a++) {
+                const kf_v v = KF_LOAD(x + o + a * LANES) + KF_LOAD(res + o + a * LANES);
+                KF_STORE(h + o + a * LANES, v);
+                acc[i][a] += v * v;
+#if FUSED
+                KF_STORE(y + o + a * LANES, v * KF_LOAD(w + head[i] + c + a * LANES));
+#endif
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        kf_v t = acc[i][0];
+#pragma GCC unroll 16
+        for (int a = 1; a < ACC; a++) t += acc[i][a];
+        const int64_t o = i * cols;
+        ss[i] = kf_hsum(t) + add_sum_squares_scalar(x + o, res + o, w, h + o, y + o, 0, head[i]) +
+                add_sum_squares_scalar(x + o, res + o, w, h + o, y + o, head[i] + body, cols);
+    }
+#endif
+}
+
+#if PIPE
+/* One pipelined step: h = xn + rn for R rows and their sums of squares into ss (reading memory) while the R
+ * rows hp, whose inverse norms are inv, are written to yp (from cache). Both run at the same column, from the
+ * heads that align yp's rows (the other rows are loaded and stored unaligned where they are aligned otherwise). */
+static inline __attribute__((always_inline)) void reduce_and_write(const float *restrict xn, const float *restrict rn,
+                                                                   float *restrict hn, const float *restrict hp,
+                                                                   const float *restrict w, float *restrict yp,
+                                                                   int64_t cols, const float *inv, float *ss,
+                                                                   const int R) {
+    int64_t head[ROWS];
+    const int64_t body = kf_body(yp, cols, head, R);
+    kf_v acc[ROWS][ACC], vinv[ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        vinv[i] = (kf_v){0} + inv[i];
+#pragma GCC unroll 16
+        for (int a = 0; a < ACC; a++) acc[i][a] = (kf_v){0};
+    }
+    for (int64_t c = 0; c < body; c += STEP) {
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            const int64_t o = i * cols + head[i] + c;
+#pragma GCC unroll 16
+            for (int l = 0; l < (STEP * 4 + 63) / 64; l++) {
+                KF_PREFETCH(xn + o + l * 16);
+                KF_PREFETCH(rn + o + l * 16);
+            }
+#pragma GCC unroll 16
+            for (int a = 0; a < ACC; a++) {
+                const kf_v v = KF_LOAD(xn + o + a * LANES) + KF_LOAD(rn + o + a * LANES);
+                KF_STORE(hn + o + a * LANES, v);
+                acc[i][a] += v * v;
+                KF_PUT(yp + o + a * LANES,
+                       KF_LOAD(hp + o + a * LANES) * vinv[i] * KF_LOAD(w + head[i] + c + a * LANES));
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        kf_v t = acc[i][0];
+#pragma GCC unroll 16
+        for (int a = 1; a < ACC; a++) t += acc[i][a];
+        const int64_t o = i * cols;
+        float s = kf_hsum(t);
+        for (int64_t c = 0; c < head[i]; c++) {
+            const float v = xn[o + c] + rn[o + c];
+            hn[o + c] = v;
+            s += v * v;
+            yp[o + c] = hp[o + c] * inv[i] * w[c];
+        }
+        for (int64_t c = head[i] + body; c < cols; c++) {
+            const float v = xn[o + c] + rn[o + c];
+            hn[o + c] = v;
+            s += v * v;
+            yp[o + c] = hp[o + c] * inv[i] * w[c];
+        }
+        ss[i] = s;
+    }
+}
+#endif
+
+void add_rmsnorm(const float *x, const float *residual, const float *w, float *h, float *y, int64_t rows,
+                 int64_t cols, float eps) {
+    const float inv_cols = 1.0f / (float)cols;
+    float ss[ROWS], inv[ROWS];
+    int64_t r = 0;
+#if PIPE
+    /* Block 0 is only reduced, each later block is reduced while its predecessor is written, the last block
+     * is only written; the rows after the last whole block go one by one below. */
+    const int64_t blocks = rows / ROWS;
+    if (blocks > 0) {
+        reduce_rows(x, residual, w, h, y, cols, ss, ROWS);
+        for (int64_t b = 1; b < blocks; b++) {
+            for (int i = 0; i < ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
+            const int64_t p = (b - 1) * ROWS * cols, n = p + ROWS * cols;
+            reduce_and_write(x + n, residual + n, h + n, h + p, w, y + p, cols, inv, ss, ROWS);
+        }
+        const int64_t p = (blocks - 1) * ROWS * cols;
+        for (int i = 0; i < ROWS; i++)
+            scale_row(h + p + i * cols, w, y + p + i * cols, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
+        r = blocks * ROWS;
+    }
+#else
+    for (; r + ROWS <= rows; r += ROWS) {
+        const int64_t o = r * cols;
+        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, ROWS);
+        for (int i = 0; i < ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
+        for (int i = 0; i < ROWS; i++) scale_row(h + o + i * cols, w, y + o + i * cols, cols, inv[i]);
+    }
+#endif
+    for (; r < rows; r++) {
+        const int64_t o = r * cols;
+        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, 1);
+        scale_row(h + o, w, y + o, cols, 1.0f / sqrtf(ss[0] * inv_cols + eps));
+    }
+#if KF_STREAMS
+    _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
+#endif
+}
