@@ -1,4 +1,8 @@
-"""The search proposer: no repeats, deterministic per seed, steered by lessons (no database needed)."""
+"""The search proposer: no repeats, deterministic per seed, steered by lessons (no database needed).
+
+The tests search fixed template spaces (the softmax and rmsnorm templates' knobs as they were when the tests
+were written), so a problem's growing template space changes neither what they check nor how long they take.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,25 @@ from engine.problems import load_problem
 from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.random_template import template_candidate, template_space
 from engine.proposers.search import SearchProposer
+from engine.replay.simulation import RecordedSpace, fixed_space
 from engine.search.candidates import Candidate
+
+SPACES: dict[str, dict[str, list[Any]]] = {
+    "softmax": {"ONLINE": [0, 1], "UNROLL": [1, 2, 4, 8], "SIMD": [0, 1], "FUSED": [0, 1], "NT": [0, 1]},
+    "rmsnorm": {
+        "ACC": [1, 4, 8, 16],
+        "ROWS": [1, 2, 4],
+        "SIMD": [0, 1],
+        "FUSED": [0, 1],
+        "VEC": [256, 512],
+        "NT": [0, 1],
+    },
+}
+
+
+def problem_of(name: str) -> RecordedSpace:
+    """The built-in problem with the fixed template space of SPACES."""
+    return fixed_space(load_problem(name), SPACES[name])
 
 
 def context(generation: int = 1, seed: int = 0, **fields: Any) -> ProposalContext:
@@ -44,11 +66,11 @@ def test_registered_as_search() -> None:
 
 
 def test_never_proposes_a_candidate_twice_and_exhausts_the_space() -> None:
-    problem = load_problem("kda")  # the smallest CPU space (96 settings): exhausted in 24 generations of 4
+    problem = problem_of("softmax")
     proposer = SearchProposer()
     seen: list[str] = []
     incumbent: Candidate | None = None
-    for generation in range(1, 40):
+    for generation in range(1, 20):
         picks = proposer.propose(problem, context(generation, incumbent=incumbent, seen=list(seen)))
         if not picks:
             break
@@ -62,7 +84,7 @@ def test_never_proposes_a_candidate_twice_and_exhausts_the_space() -> None:
 
 
 def test_deterministic_per_seed_and_generation() -> None:
-    problem = load_problem("rmsnorm")
+    problem = problem_of("rmsnorm")
     proposer = SearchProposer()
     ids = [[c.candidate_id for c in proposer.propose(problem, context(2, seed))] for seed in (1, 1, 2)]
     assert ids[0] == ids[1]
@@ -72,9 +94,8 @@ def test_deterministic_per_seed_and_generation() -> None:
 
 
 def test_exploits_the_incumbents_neighbourhood() -> None:
-    problem = load_problem("rmsnorm")
-    wanted = {"ACC": 4, "ROWS": 2, "SIMD": 0, "FUSED": 1, "VEC": 256, "NT": 0}
-    params = next(s for s in template_space(problem) if all(s[k] == v for k, v in wanted.items()))
+    problem = problem_of("rmsnorm")
+    params = {"ACC": 4, "ROWS": 2, "SIMD": 0, "FUSED": 1, "VEC": 256, "NT": 0}
     incumbent = template_candidate(problem, params, None, proposer="search")
     picks = SearchProposer().propose(problem, context(1, 3, incumbent=incumbent))
     distances = [sum(p.params[k] != v for k, v in params.items()) for p in picks]
@@ -86,7 +107,7 @@ def test_exploits_the_incumbents_neighbourhood() -> None:
 
 def measured(problem: str, speed: Callable[[dict[str, Any]], float], every: int = 1) -> list[dict[str, Any]]:
     """Lessons.settings rows for every ``every``-th setting of the problem's space, measured at ``speed``."""
-    space = template_space(load_problem(problem))
+    space = template_space(problem_of(problem))
     return [
         SettingEvidence(
             problem=problem,
@@ -110,7 +131,7 @@ def rmsnorm_speed(params: dict[str, Any]) -> float:
 
 
 def test_lessons_change_its_choices() -> None:
-    problem = load_problem("softmax")
+    problem = problem_of("softmax")
     proposer = SearchProposer()
     # A third of the settings measured (every UNROLL among them), the fastest of them with UNROLL=8.
     lessons = {"settings": measured("softmax", lambda p: 3.0 if p["UNROLL"] == 8 else 1.5, every=3)}
@@ -129,7 +150,7 @@ def test_lessons_change_its_choices() -> None:
 
 
 def test_the_first_pick_exploits_an_interaction_it_has_only_seen_in_parts() -> None:
-    problem = load_problem("rmsnorm")
+    problem = problem_of("rmsnorm")
     # A third of the space measured; the model must find that NT=1 pays with FUSED=0 and hurts with FUSED=1,
     # which the average effect of NT=1 alone (about 1.15x) does not say.
     lessons = {"settings": measured("rmsnorm", rmsnorm_speed, every=3)}
@@ -139,7 +160,7 @@ def test_the_first_pick_exploits_an_interaction_it_has_only_seen_in_parts() -> N
 
 
 def test_transfer_from_a_family_member_through_shared_parameter_names() -> None:
-    rmsnorm = load_problem("rmsnorm")
+    rmsnorm = problem_of("rmsnorm")
     # Only softmax was measured: there, too, streaming stores pay only in the two-pass variant.
     softmax = measured("softmax", lambda p: 2.0 * ((1.6 if p["FUSED"] == 0 else 0.7) if p.get("NT") else 1.0))
     lessons = {"settings": softmax}
@@ -160,8 +181,25 @@ def test_transfer_from_a_family_member_through_shared_parameter_names() -> None:
 
 
 def test_dead_ends_are_avoided_while_anything_else_is_left() -> None:
-    problem = load_problem("softmax")
+    problem = problem_of("softmax")
     dead = prior("SIMD=1", 0.5, 5, correct=0.0) | {"dead_end": True, "correct_beta": 6.0}
     lessons = {"priors": {"SIMD=1": dead}}
     picks = [c for seed in range(10) for c in SearchProposer().propose(problem, context(1, seed, lessons=lessons))]
     assert picks and all(c.params["SIMD"] == 0 for c in picks)
+
+
+def test_a_cold_search_covers_every_value_of_every_parameter_first() -> None:
+    problem = problem_of("rmsnorm")  # 192 settings
+    values = {f"{k}={v}" for k, vs in SPACES["rmsnorm"].items() for v in vs}
+    for seed in range(5):
+        picks = SearchProposer().propose(problem, context(1, seed))
+        tried = {f"{k}={v}" for c in picks for k, v in c.params.items()}
+        # Four picks, at most four values per parameter: the first generation tries every one of them.
+        assert tried == values
+        assert any("covers untried" in c.rationale for c in picks)
+
+
+def test_every_seed_gives_a_search_of_its_own() -> None:
+    problem = problem_of("rmsnorm")
+    firsts = {tuple(c.candidate_id for c in SearchProposer().propose(problem, context(1, seed))) for seed in range(8)}
+    assert len(firsts) == 8

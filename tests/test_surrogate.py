@@ -6,7 +6,15 @@ import math
 
 import numpy as np
 
-from engine.proposers.surrogate import Features, Mixture, Observation, fit, fit_with_transfer, transferred_means
+from engine.proposers.surrogate import (
+    Features,
+    Mixture,
+    Observation,
+    empirical_scales,
+    fit,
+    fit_with_transfer,
+    transferred_means,
+)
 
 SPACE = {"A": [0, 1], "B": [0, 1], "C": [1, 2, 4]}
 
@@ -78,3 +86,23 @@ def test_a_transferred_prior_is_dropped_when_own_measurements_contradict_it() ->
     x = features.matrix([{"A": 1, "B": 0, "C": 1}, {"A": 0, "B": 0, "C": 1}])
     high, low = x @ contradicting.mean
     assert low > high
+
+
+def test_a_reading_with_a_wide_interval_counts_for_less() -> None:
+    features = Features(SPACE)
+    base = [Observation(s, speed(s), 2) for s in settings()]
+    target = {"A": 1, "B": 0, "C": 2}
+    x = features.matrix([target])[0]
+    scales = features.default_scales()
+    # The same surprising reading (2x faster than the model says) with a narrow and with a wide interval.
+    narrow = fit(features, [*base, Observation(target, speed(target) + 0.7, 1, reading_var=0.01**2)], scales=scales)
+    wide = fit(features, [*base, Observation(target, speed(target) + 0.7, 1, reading_var=0.5**2)], scales=scales)
+    assert x @ narrow.mean - speed(target) > 2 * (x @ wide.mean - speed(target)) > 0
+
+
+def test_the_scales_follow_the_measurements() -> None:
+    features = Features(SPACE)
+    rng = np.random.default_rng(0)
+    quiet = [Observation(s, speed(s) + float(rng.normal(0, 0.01)), 1) for s in settings() * 2]
+    noisy = [Observation(s, speed(s) + float(rng.normal(0, 0.3)), 1) for s in settings() * 2]
+    assert empirical_scales(features, quiet).noise_sd < empirical_scales(features, noisy).noise_sd

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -14,12 +15,19 @@ from engine.search.candidates import Candidate
 
 def template_space(problem: Problem) -> list[dict[str, Any]]:
     """Every parameter setting the template allows, in a stable order."""
+    return [dict(s) for s in _allowed_settings(problem)]
+
+
+@functools.lru_cache(maxsize=32)
+def _allowed_settings(problem: Problem) -> tuple[dict[str, Any], ...]:
+    # A widened space has thousands of settings in a product of tens of thousands: enumerated once per loaded
+    # problem (a Problem is immutable; loading a folder again gives a new one), not at every proposal.
     names = sorted(problem.template_params)
     settings = (
         dict(zip(names, values, strict=True))
         for values in itertools.product(*(problem.template_params[n] for n in names))
     )
-    return [s for s in settings if problem.template_allows(s)]
+    return tuple(s for s in settings if problem.template_allows(s))
 
 
 def template_candidate(problem: Problem, params: dict[str, Any], flags: list[str] | None, **lineage: Any) -> Candidate:

@@ -1,24 +1,27 @@
-"""The search proposer: the offline default. Thompson sampling over a problem's template settings with a
+"""The search proposer: the offline default. Bayesian optimisation over a problem's template settings with a
 surrogate model of their speed fitted to the lessons. No network, no key.
 
 Belief model (engine/proposers/surrogate.py): ln(speedup) of a setting is a level plus an effect per
 parameter value plus an effect per pair of values, with a Gaussian posterior fitted to every measured
 setting of the problem on the target (``Lessons.settings``: earlier searches and this search's earlier
-generations alike, since lessons_for catches the log up). Effects the problem has no evidence on start
-from what other problems of its family measured for the same parameter values (transfer). Correctness is
-separate: each value's Beta posterior of P(correct) from ``Lessons.priors``; a dead end (never compiled or
-never correct) is proposed only when nothing else is left.
+generations alike, since lessons_for catches the log up), its spreads and noise estimated from those
+measurements (empirical Bayes). Effects the problem has no evidence on start from what other problems of
+its family measured for the same parameter values (transfer). Correctness is separate: each value's Beta
+posterior of P(correct) from ``Lessons.priors``; a dead end (never compiled or never correct) is proposed
+only when nothing else is left.
 
 Each generation:
-- the first pick exploits: the best setting under the posterior mean (once there is any evidence) among
-  the incumbent's neighbours (one or two parameters changed), or anywhere while the incumbent is the seed;
-- every other pick after it draws one whole model from the posterior and takes its best setting among
-  the incumbent's neighbours, exploiting around the incumbent;
-- the remaining picks draw a model and take its best setting anywhere (exploration in proportion to
-  what the model does not know).
+- the first EXPLOIT_PICKS picks exploit: the best settings under the posterior mean (once there is any
+  evidence), anywhere in the space;
+- the other picks take the best upper bound (posterior mean + UCB_KAPPA spreads), each pick believed to
+  come back as predicted before the next is chosen, so one generation's picks do not crowd together; every
+  other one among the incumbent's neighbours (one or two parameters changed) when it has parameters;
+- design phase: while some value of some parameter was never tried (a cold search), those picks take the
+  settings that try most untried values (ties by the upper bound), so a cold search covers every value of
+  every knob, then the pairs the model is least sure of (the upper bound's spread), before it exploits.
 
-Randomness derives from (seed, generation), so the same context proposes the same candidates; a candidate
-in ``context.seen`` is never proposed.
+Randomness (ties, draws) derives from (seed, generation), so the same context proposes the same
+candidates, and another seed another search; a candidate in ``context.seen`` is never proposed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import template_candidate, template_space
 from engine.proposers.surrogate import (
+    MODEL_SD,
     Features,
     Mixture,
     Observation,
@@ -54,6 +58,21 @@ DEAD_END_PENALTY = 25.0
 
 NEIGHBOURHOOD = 2
 """Most parameters an exploiting pick changes relative to the incumbent."""
+
+ACQUISITION = "ucb"
+"""How picks after the first are chosen: ``ucb`` (the posterior mean plus UCB_KAPPA posterior spreads, each
+pick believed to come back as predicted before the next) or ``thompson`` (the best setting of one draw)."""
+
+EXPLOIT_PICKS = 2
+"""Picks of each generation (once anything is known) that take the best settings under the posterior mean."""
+
+UCB_KAPPA = 2.0
+"""Posterior spreads an upper-bound pick adds to the predicted ln(speedup)."""
+
+COVER_WEIGHT = 10.0
+"""What each parameter value nothing has tried yet adds to a pick's score (in ln(speedup), so it outweighs
+any predicted speed): until every value of every parameter was measured, the picks after the first cover
+them, choosing among the settings that cover most by the upper bound."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +109,8 @@ def _distance(a: dict[str, Any], b: dict[str, Any]) -> int:
 
 
 class SearchProposer:
-    """Thompson sampling with a pairwise surrogate model, exploiting the posterior mean and the incumbent."""
+    """Bayesian optimisation with a pairwise surrogate model: the posterior mean's best settings, upper
+    bounds around the incumbent and anywhere, after a design phase that tries every value of every knob."""
 
     name = "search"
 
@@ -116,38 +136,71 @@ class SearchProposer:
         values = sorted({change_of(k, v) for params in space for k, v in params.items()})
         correctness = {value: correctness_of(priors.get(value)) for value in values}
         incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
+        uncovered = set(values) - covered_values(problem, context.lessons, incumbent)
         rng = np.random.default_rng([context.seed, context.generation])
         informed = posterior.observations > 0 or bool(transferred)
+        # What the model would still not know after the picks so far came back as predicted ("believer"):
+        # the next upper-bound pick then looks elsewhere instead of next to the last one.
+        covariance = posterior.covariance() if ACQUISITION == "ucb" else None
+        believed_noise = posterior.scales.noise_sd**2 + MODEL_SD**2
         picks: list[Candidate] = []
         for index in range(context.count):
             if not fresh:
                 break
-            neighbours = [o for o in fresh if 1 <= _distance(o.params, incumbent) <= NEIGHBOURHOOD] if incumbent else []
-            if index == 0 and informed:
-                # Around the incumbent once there is one (the model is least wrong near what was measured);
-                # anywhere before, which is where a warm search finds the settings its lessons favour.
-                mode, pool = "exploit-mean", neighbours or fresh
+            neighbours = (
+                [o for o in fresh if 1 <= _distance(o.params, incumbent) <= NEIGHBOURHOOD]
+                if incumbent and NEIGHBOURHOOD
+                else []
+            )
+            covering = bool(uncovered) and not (index < EXPLOIT_PICKS and informed)
+            if covering and not any(_changes(o.params) & uncovered for o in neighbours):
+                # Nothing near the incumbent tries what is left untried (a sparse or huge space): look anywhere.
+                neighbours = []
+            if index < EXPLOIT_PICKS and informed:
+                # The best setting the model knows of, anywhere: with a model of pairs, the posterior mean is
+                # a fair guess far from the incumbent too, and a space sampled sparsely has few neighbours.
+                mode, pool = "exploit-mean", fresh
                 effects = posterior.mean
                 correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
             else:
                 mode = "exploit" if neighbours and index % 2 == 1 else "explore"
                 pool = neighbours if mode == "exploit" else fresh
-                effects = posterior.sample(rng)
-                correct = {v: math.log(max(float(rng.beta(c.alpha, c.beta)), 1e-12)) for v, c in correctness.items()}
+                if covariance is not None:
+                    effects = posterior.mean
+                    correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
+                else:
+                    effects = posterior.sample(rng)
+                    correct = {
+                        v: math.log(max(float(rng.beta(c.alpha, c.beta)), 1e-12)) for v, c in correctness.items()
+                    }
             x = posterior.features.matrix(o.params for o in pool)
             speed = x @ effects
+            if covariance is not None and mode != "exploit-mean":
+                spread = np.sqrt(np.maximum(((x @ covariance) * x).sum(axis=1), 0.0))
+                speed = speed + UCB_KAPPA * spread
             # Ties (no evidence yet) are broken at random, not by the space's order.
             jitter = rng.uniform(0.0, 1e-9, len(pool))
+            cover = [len(_changes(o.params) & uncovered) for o in pool] if covering else [0] * len(pool)
             scores = [
-                float(speed[i]) + self._correct_score(o.params, correct, correctness) + float(jitter[i])
+                float(speed[i])
+                + self._correct_score(o.params, correct, correctness)
+                + float(jitter[i])
+                + COVER_WEIGHT * cover[i]
                 for i, o in enumerate(pool)
             ]
             best = int(np.argmax(scores))
             chosen = pool[best]
+            if covariance is not None:
+                lever = covariance @ x[best]
+                covariance = covariance - np.outer(lever, lever) / (float(x[best] @ lever) + believed_noise)
             fresh.remove(chosen)
+            newly = sorted(_changes(chosen.params) & uncovered) if covering else []
+            uncovered -= set(newly)
             # The rationale quotes the posterior mean's prediction: a single draw's level can be anything.
             predicted = float(x[best] @ posterior.mean)
             rationale = self._rationale(chosen.params, incumbent, mode, predicted, posterior.observations, transferred)
+            if newly:
+                rationale += f"; covers untried {', '.join(newly)}"
             picks.append(chosen.candidate.model_copy(update={"rationale": rationale}))
         return picks
 
@@ -181,12 +234,32 @@ class SearchProposer:
         guess = f"predicted {math.exp(predicted):.2f}x numpy ({source})"
         if mode in ("exploit", "exploit-mean") and incumbent is not None:
             moves = ", ".join(f"{k} {incumbent.get(k)}→{v}" for k, v in sorted(params.items()) if incumbent.get(k) != v)
-            how = "posterior mean" if mode == "exploit-mean" else "Thompson draw"
+            how = "posterior mean" if mode == "exploit-mean" else _DRAW
             return f"exploit: the incumbent with {moves} ({how}); {guess}"
         setting = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         if mode == "exploit-mean":
             return f"exploit: best setting under the posterior mean, {setting}; {guess}"
-        return f"explore: Thompson draw over the template space chose {setting}; {guess}"
+        return f"explore: {_DRAW} over the template space chose {setting}; {guess}"
+
+
+_DRAW = "upper bound" if ACQUISITION == "ucb" else "Thompson draw"
+
+
+def _changes(params: dict[str, Any]) -> set[str]:
+    return {change_of(k, v) for k, v in params.items()}
+
+
+def covered_values(problem: Problem, lessons: dict[str, Any] | None, incumbent: dict[str, Any] | None) -> set[str]:
+    """The parameter values the problem's own evidence has tried: in a measured setting, in any candidate
+    with a recorded outcome (the lessons' changes of scope ``problem``), or in the incumbent."""
+    covered = _changes(incumbent or {})
+    for setting in (lessons or {}).get("settings") or []:
+        if setting.get("problem") == problem.name:
+            covered |= _changes(dict(setting.get("params") or {}))
+    for change in (lessons or {}).get("changes") or []:
+        if change.get("scope") == "problem" and int(change.get("attempts", 0)) > 0:
+            covered.add(str(change["change"]))
+    return covered
 
 
 def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterior | Mixture, list[str]]:
@@ -198,7 +271,12 @@ def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterio
     for setting in (lessons or {}).get("settings") or []:
         if setting.get("params") and int(setting.get("n", 0)) > 0:
             by_problem[str(setting["problem"])].append(
-                Observation(dict(setting["params"]), float(setting["log_speedup_mean"]), int(setting["n"]))
+                Observation(
+                    dict(setting["params"]),
+                    float(setting["log_speedup_mean"]),
+                    int(setting["n"]),
+                    reading_var=_reading_var(setting),
+                )
             )
     own = by_problem.pop(problem.name, [])
     sums: dict[str, float] = defaultdict(float)
@@ -218,6 +296,15 @@ def model_of(problem: Problem, lessons: dict[str, Any] | None) -> tuple[Posterio
             counts[name] += 1
     prior_mean = {name: sums[name] / counts[name] for name in sums}
     return fit_with_transfer(features, own, prior_mean), transferred
+
+
+def _reading_var(setting: dict[str, Any]) -> float | None:
+    """The variance of one reading of a setting from its benchmark intervals, when its evidence carries their
+    mean half-width in ln (``log_interval_halfwidth``, at 95% confidence); None otherwise."""
+    half = setting.get("log_interval_halfwidth")
+    if not isinstance(half, int | float) or not math.isfinite(half) or half <= 0:
+        return None
+    return (float(half) / 1.96) ** 2
 
 
 def _priors(lessons: dict[str, Any] | None) -> dict[str, ChangePrior]:

@@ -15,10 +15,21 @@ memory-bound rmsnorm and slow a compute-bound softmax). So a transferred prior i
 weighed against the plain prior by how well each predicted the problem's own measurements (Bayesian model
 averaging with the closed-form marginal likelihood): before any own evidence they count half each, and a
 few measurements that contradict the family's lessons switch them off.
+
+How large effects and noise are differs between problems and machines (a quiet machine's readings agree to
+2%, a shared one's to 20%; one template's knobs matter by 2x, another's by 5%), so the prior spreads and the
+noise are not fixed: with a few measurements of its own the model takes the :class:`Scales` of a small grid
+under which those measurements were most probable (empirical Bayes, the closed-form marginal likelihood).
+A pair's prior spread shrinks with the number of pairs a setting switches on, so a template with ten knobs
+(45 pairs per setting) does not predict from pair noise before it has seen a pair twice.
+
+A reading whose interval is wide counts for less: an observation may carry the variance of one reading
+(from its benchmark intervals), which replaces the noise where it is larger.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,11 +45,33 @@ MAIN_PRIOR_SD = 0.3
 """Prior spread of one parameter value's effect, in ln(speedup): most values change speed by < 35%."""
 
 PAIR_PRIOR_SD = 0.2
-"""Prior spread of one pair's interaction effect: smaller than a main effect, but not negligible."""
+"""Prior spread of one pair's interaction effect in a template of five parameters (ten pairs per setting):
+smaller than a main effect, but not negligible (a value tried once in a bad combination must stay worth
+trying in another). With more parameters it shrinks so that the pairs of a setting add up to the same
+spread (see pair_prior_sd); empirical Bayes scales it (PAIR_SCALE_GRID) to what the measurements show."""
+
+REFERENCE_PAIRS = 10
+"""Pairs per setting at which a pair's prior spread is PAIR_PRIOR_SD."""
 
 MEASUREMENT_SD = 0.08
 """Spread of one measurement of a setting's ln(speedup) between benchmarks (a shared machine swings
-by several percent from run to run)."""
+by several percent from run to run): the noise before the model has measurements to estimate it."""
+
+EMPIRICAL_MIN_OBSERVATIONS = 4
+"""Measured settings from which the Scales are estimated rather than assumed."""
+
+EMPIRICAL_MAX_OBSERVATIONS = 96
+"""Most (the most recent) observations the Scales are estimated from: enough to tell the grid's points
+apart, few enough that a long history does not make every proposal slower."""
+
+MAIN_SD_GRID = (0.1, 0.3, 0.6)
+"""Main-effect spreads tried by empirical Bayes (MAIN_PRIOR_SD is the default)."""
+
+PAIR_SCALE_GRID = (0.3, 1.0, 2.0)
+"""Pair spreads tried, relative to pair_prior_sd."""
+
+NOISE_SD_GRID = (0.03, 0.08, 0.2)
+"""Measurement noise spreads tried (MEASUREMENT_SD is the default)."""
 
 MODEL_SD = 0.03
 """What no amount of repeating a measurement removes: effects of three or more parameters together,
@@ -52,6 +85,25 @@ class Observation:
     params: Mapping[str, Any]
     mean: float
     n: int
+    reading_var: float | None = None
+    """Variance of one reading of ln(speedup) from its benchmark intervals, when known: a wide interval
+    makes the observation count for less."""
+
+
+@dataclass(frozen=True)
+class Scales:
+    """The model's spreads: of a main effect, of a pair effect and of one reading."""
+
+    main_sd: float = MAIN_PRIOR_SD
+    pair_sd: float = PAIR_PRIOR_SD
+    noise_sd: float = MEASUREMENT_SD
+
+
+def pair_prior_sd(parameters: int) -> float:
+    """PAIR_PRIOR_SD for a template of ``parameters`` parameters: the pairs a setting switches on add up to
+    the spread ten pairs of PAIR_PRIOR_SD would have."""
+    pairs = max(parameters * (parameters - 1) // 2, 1)
+    return PAIR_PRIOR_SD * min(1.0, math.sqrt(REFERENCE_PAIRS / pairs))
 
 
 def _key(name: str, value: Any) -> str:
@@ -63,6 +115,7 @@ class Features:
 
     def __init__(self, space: Mapping[str, Sequence[Any]]) -> None:
         names = sorted(space)
+        self.parameters = len(names)
         self.names: list[str] = ["level"]
         self.mains: list[str] = [_key(n, v) for n in names for v in space[n]]
         self.pairs: list[str] = [
@@ -96,11 +149,16 @@ class Features:
                 v[self.index[name]] = value
         return v
 
-    def prior_sd(self) -> np.ndarray:
-        """Each feature's prior spread: LEVEL_PRIOR_SD, MAIN_PRIOR_SD or PAIR_PRIOR_SD."""
-        sd = np.full(len(self.names), PAIR_PRIOR_SD)
+    def default_scales(self) -> Scales:
+        """The Scales assumed before any measurement: the pair spread for this many parameters."""
+        return Scales(pair_sd=pair_prior_sd(self.parameters))
+
+    def prior_sd(self, scales: Scales | None = None) -> np.ndarray:
+        """Each feature's prior spread: LEVEL_PRIOR_SD, the main or the pair spread of ``scales``."""
+        scales = scales or self.default_scales()
+        sd = np.full(len(self.names), scales.pair_sd)
         sd[0] = LEVEL_PRIOR_SD
-        sd[1 : 1 + len(self.mains)] = MAIN_PRIOR_SD
+        sd[1 : 1 + len(self.mains)] = scales.main_sd
         return sd
 
 
@@ -112,12 +170,22 @@ class Posterior:
     mean: np.ndarray
     chol: np.ndarray
     observations: int
+    scales: Scales
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
         """One draw of every effect together."""
         z = rng.standard_normal(len(self.mean))
         # precision = L Lᵀ, so w = mean + L⁻ᵀ z has covariance precision⁻¹.
-        return self.mean + np.linalg.solve(self.chol.T, z)
+        return self.mean + self._root @ z
+
+    def covariance(self) -> np.ndarray:
+        """The effects' posterior covariance, precision⁻¹."""
+        return self._root @ self._root.T
+
+    @functools.cached_property
+    def _root(self) -> np.ndarray:
+        """L⁻ᵀ, inverted once: every later draw is a matrix-vector product instead of a solve."""
+        return np.linalg.inv(self.chol.T)
 
     def named_mean(self) -> dict[str, float]:
         """Posterior mean of each effect by feature name (the level included)."""
@@ -133,12 +201,13 @@ class _Design:
     noise: np.ndarray
 
     @classmethod
-    def of(cls, features: Features, observations: Sequence[Observation]) -> _Design:
-        """Each observation's variance is MEASUREMENT_SD² / n + MODEL_SD²."""
+    def of(cls, features: Features, observations: Sequence[Observation], noise_sd: float) -> _Design:
+        """Each observation's variance is max(noise_sd², its reading variance) / n + MODEL_SD²."""
+        reading = np.array([max(noise_sd**2, o.reading_var or 0.0) for o in observations])
         return cls(
             x=features.matrix(o.params for o in observations),
             y=np.array([o.mean for o in observations]),
-            noise=MEASUREMENT_SD**2 / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2,
+            noise=reading / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2,
         )
 
 
@@ -146,27 +215,53 @@ def fit(
     features: Features,
     observations: Sequence[Observation],
     prior_mean: Mapping[str, float] | None = None,
+    scales: Scales | None = None,
 ) -> Posterior:
     """The posterior of the effects given ``observations`` and, per feature name, prior means (0 where
-    none is given)."""
-    return _fit(features, _Design.of(features, observations), features.vector(prior_mean or {}))
+    none is given); with ``scales`` None, the empirical ones (see empirical_scales)."""
+    mu0 = features.vector(prior_mean or {})
+    scales = scales or empirical_scales(features, observations, mu0)
+    return _fit(features, _Design.of(features, observations, scales.noise_sd), mu0, scales)
 
 
-def _fit(features: Features, design: _Design, mu0: np.ndarray) -> Posterior:
-    prior_precision = 1.0 / features.prior_sd() ** 2
+def empirical_scales(features: Features, observations: Sequence[Observation], mu0: np.ndarray | None = None) -> Scales:
+    """The Scales of the grid (MAIN_SD_GRID × PAIR_SCALE_GRID × NOISE_SD_GRID) under which the most recent
+    EMPIRICAL_MAX_OBSERVATIONS observations were most probable; the defaults with fewer than
+    EMPIRICAL_MIN_OBSERVATIONS."""
+    default = features.default_scales()
+    if len(observations) < EMPIRICAL_MIN_OBSERVATIONS:
+        return default
+    recent = list(observations)[-EMPIRICAL_MAX_OBSERVATIONS:]
+    mu = np.zeros(len(features.names)) if mu0 is None else mu0
+    x = features.matrix(o.params for o in recent)
+    best, chosen = -math.inf, default
+    for noise_sd in NOISE_SD_GRID:
+        design = _Design.of(features, recent, noise_sd)
+        design = _Design(x, design.y, design.noise)
+        for main_sd in MAIN_SD_GRID:
+            for pair_scale in PAIR_SCALE_GRID:
+                scales = Scales(main_sd, default.pair_sd * pair_scale, noise_sd)
+                evidence = _log_evidence(features, design, mu, scales)
+                if evidence > best:
+                    best, chosen = evidence, scales
+    return chosen
+
+
+def _fit(features: Features, design: _Design, mu0: np.ndarray, scales: Scales) -> Posterior:
+    prior_precision = 1.0 / features.prior_sd(scales) ** 2
     weight = 1.0 / design.noise
     precision = np.diag(prior_precision) + (design.x.T * weight) @ design.x
     shift = prior_precision * mu0 + design.x.T @ (weight * design.y)
     chol = np.linalg.cholesky(precision)
     mean = np.linalg.solve(chol.T, np.linalg.solve(chol, shift))
-    return Posterior(features, mean, chol, len(design.y))
+    return Posterior(features, mean, chol, len(design.y), scales)
 
 
-def _log_evidence(features: Features, design: _Design, mu0: np.ndarray) -> float:
+def _log_evidence(features: Features, design: _Design, mu0: np.ndarray, scales: Scales) -> float:
     """ln p(observations | prior): under the model, y ~ N(X mu0, X S0 Xᵀ + D)."""
     if not len(design.y):
         return 0.0
-    cov = (design.x * features.prior_sd() ** 2) @ design.x.T + np.diag(design.noise)
+    cov = (design.x * features.prior_sd(scales) ** 2) @ design.x.T + np.diag(design.noise)
     chol = np.linalg.cholesky(cov)
     z = np.linalg.solve(chol, design.y - design.x @ mu0)
     return float(-0.5 * z @ z - np.log(np.diag(chol)).sum() - 0.5 * len(design.y) * math.log(2 * math.pi))
@@ -197,6 +292,20 @@ class Mixture:
         """The mixture's mean effects (predictions are linear in them, so this is the mean prediction)."""
         return (1.0 - self.weight) * self.plain.mean + self.weight * self.transferred.mean
 
+    @property
+    def scales(self) -> Scales:
+        """The Scales both posteriors share."""
+        return self.plain.scales
+
+    def covariance(self) -> np.ndarray:
+        """The mixture's covariance: each posterior's, weighed, plus the spread between their means."""
+        gap = self.transferred.mean - self.plain.mean
+        return (
+            (1.0 - self.weight) * self.plain.covariance()
+            + self.weight * self.transferred.covariance()
+            + self.weight * (1.0 - self.weight) * np.outer(gap, gap)
+        )
+
     def sample(self, rng: np.random.Generator) -> np.ndarray:
         """One draw: first which prior holds, then the effects under it."""
         chosen = self.transferred if rng.uniform() < self.weight else self.plain
@@ -207,15 +316,17 @@ def fit_with_transfer(
     features: Features, observations: Sequence[Observation], transferred: Mapping[str, float]
 ) -> Posterior | Mixture:
     """The posterior given ``observations``; with ``transferred`` prior means, the mixture of the plain and
-    the transferred hypothesis, each weighed by its evidence (prior odds 1:1)."""
-    design = _Design.of(features, observations)
+    the transferred hypothesis, each weighed by its evidence (prior odds 1:1). Both share the Scales the
+    observations suggest under the plain prior."""
     zero = np.zeros(len(features.names))
-    plain = _fit(features, design, zero)
+    scales = empirical_scales(features, observations, zero)
+    design = _Design.of(features, observations, scales.noise_sd)
+    plain = _fit(features, design, zero, scales)
     if not transferred:
         return plain
     mu0 = features.vector(transferred)
-    moved = _fit(features, design, mu0)
-    log_odds = _log_evidence(features, design, zero) - _log_evidence(features, design, mu0)
+    moved = _fit(features, design, mu0, scales)
+    log_odds = _log_evidence(features, design, zero, scales) - _log_evidence(features, design, mu0, scales)
     weight = 1.0 / (1.0 + math.exp(min(log_odds, 700.0)))
     return Mixture(plain, moved, weight)
 

@@ -1,0 +1,300 @@
+"""Search quality: how close each proposer gets to a problem's best setting within a few evaluations, replayed
+against recorded landscapes, with Kernel Tuner's own strategies as the peer.
+
+    .venv/bin/python bench/search_quality.py [--json] [--problems softmax,rmsnorm] [--repetitions 200]
+        [--record] [--max-settings 128] [--stale-ok] [--no-kernel-tuner]
+
+1. Landscapes (engine/replay/landscape.py, recording.py): every setting of each problem's CPU template space
+   (a seeded sample of --max-settings when the space is larger), and the seed kernel, compiled, validated
+   and timed against numpy --record-repeats times on this machine, kept as events in a private event log
+   (a pgserver Postgres under $KF_HOME/bench/landscapes, or --database-url). A later run reuses the newest
+   recording of the problem's current definition (its fingerprint); --record records a new take; a
+   recording that stopped half-way is resumed. --stale-ok replays the newest recording of an older
+   definition of the problem when the current one has none (its settings that are still in the space).
+2. Replay (engine/replay/simulation.py): each proposer searches as a KernelSearch would -- generations of
+   --per-generation candidates from a ProposalContext with the search's seed, its incumbent, what it has
+   seen and lessons built from its own replayed outcomes (engine/evidence/lessons.build_lessons, as the
+   lessons projection would fold them) -- but each evaluation draws one recorded benchmark of the setting
+   (a failed setting replays its verdict) instead of measuring, and promotion follows the search's rule.
+   --repetitions searches per proposer and problem, each with its own seed.
+3. Kernel Tuner's strategies (random_sample, genetic_algorithm, simulated_annealing, greedy_ils, bayes_opt,
+   … per --kernel-tuner-strategies) search the same settings in its simulation mode, through a cache file
+   exported from the landscape (engine/replay/kernel_tuner_cache.py): one per repetition, each setting's
+   time one recorded sample drawn at random, so they see the same noise as the proposers.
+
+Figures (engine/replay/scoring.py), with v(s) a setting's value on the landscape (the geometric mean of its
+recorded speedups over numpy) and best(b) = max(v(seed), max of v over the correct settings among the first
+b evaluated):
+- score[proposer][problem][b] = (E[best(b)] - R(b)) / (optimum - R(b)), where E is the mean over the
+  repetitions, R(b) is the exact expectation of best(b) for b settings drawn uniformly without
+  replacement (random search), and optimum = max(v(seed), max v): 0 is random search's expected best, 1
+  the landscape's optimum, negative worse than random (Kernel Tuner's methodology, in speedup terms);
+- evals_to_95pct[proposer][problem]: the median over repetitions of the evaluations until a setting with
+  v >= 0.95 × optimum was evaluated (null when more than half the repetitions did not: within --horizon
+  evaluations for our proposers, within the largest budget for Kernel Tuner's; evals_to_95pct_within);
+- landscapes[problem]: its settings, space size, failures, optimum, recording and whether it is stale.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS thread: the surrogate fits are small, and a loaded machine makes threaded BLAS ten times slower.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kernel_tuner_peer  # after the path set-up
+from local_stack import local_postgres
+
+from engine.config import kf_home
+from engine.evidence.migrations import migrate
+from engine.evidence.store import EventStore
+from engine.problems import Problem, builtin_problems, load_problem
+from engine.proposers import RandomTemplateProposer, SearchProposer
+from engine.proposers.base import Proposer
+from engine.replay.landscape import Landscape, stored_recordings
+from engine.replay.recording import DEFAULT_BUDGET_S, DEFAULT_REPEATS, RecordingPlan, record_landscape
+from engine.replay.scoring import median_evals_to, random_expected_best, score
+from engine.replay.simulation import DEFAULT_PER_GENERATION, replay_search
+
+DEFAULT_MAX_SETTINGS = 128
+"""Settings recorded per problem by default: whole spaces up to this size, a seeded sample of larger ones."""
+
+BUDGETS = (8, 16, 32)
+"""Evaluation budgets scored (template settings evaluated; the seed kernel does not count)."""
+
+MAX_TIMEOUTS = 3
+"""Kernel Tuner searches of one strategy on one problem that may time out before the rest are skipped."""
+
+PROPOSERS: dict[str, type[Proposer]] = {"random": RandomTemplateProposer, "search": SearchProposer}
+"""Our proposers replayed (the offline ones: the LLM proposers need a model)."""
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def landscape_store(database_url: str | None) -> AsyncIterator[EventStore]:
+    """The event log landscapes are kept in: ``database_url``, else a private pgserver Postgres that lives
+    on under $KF_HOME/bench/landscapes between runs."""
+    async with contextlib.AsyncExitStack() as stack:
+        if database_url is None:
+            folder = kf_home() / "bench" / "landscapes"
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            database_url = stack.enter_context(local_postgres(folder))
+        await migrate(database_url)
+        store = await EventStore.connect(database_url)
+        stack.push_async_callback(store.close)
+        yield store
+
+
+async def landscapes(args: argparse.Namespace, problems: list[str]) -> dict[str, tuple[Landscape, bool]]:
+    """The landscape of each problem and whether it is stale (recorded for an older definition): recorded
+    now, or reused from the log."""
+    found: dict[str, tuple[Landscape, bool]] = {}
+    async with landscape_store(args.database_url) as store:
+        for name in problems:
+            problem = load_problem(name)
+            if args.stale_ok and not args.record:
+                stored = await stored_recordings(store, problem.name, _target())
+                current = stored.latest(problem.fingerprint())
+                older = stored.latest()
+                if current is None and older is not None:
+                    say(f"{name}: replaying a recording of an older definition ({older.recording})")
+                    found[name] = (older, True)
+                    continue
+            plan = RecordingPlan(
+                problem=name,
+                max_settings=args.max_settings or None,
+                repeats=args.record_repeats,
+                budget_s=args.record_budget,
+                force=args.record,
+            )
+            found[name] = (await record_landscape(store, plan), False)
+    return found
+
+
+def _target() -> str:
+    from engine.hardware import cpu_target
+
+    return cpu_target()
+
+
+def replay_proposer(
+    name: str, problem: Problem, landscape: Landscape, repetitions: int, horizon: int, per_generation: int
+) -> list[list[float | None]]:
+    """The landscape values of each replayed search's evaluations, in order."""
+    make = PROPOSERS[name]
+    return [
+        [
+            e.value
+            for e in replay_search(
+                make(), problem, landscape, evaluations=horizon, seed=seed, per_generation=per_generation
+            )
+        ]
+        for seed in range(repetitions)
+    ]
+
+
+def replay_kernel_tuner(
+    strategy: str, landscape: Landscape, repetitions: int, budgets: list[int]
+) -> tuple[dict[int, list[list[float | None]]], list[str]]:
+    """Per budget, the landscape values of each Kernel Tuner search (max_fevals = the budget), and the errors
+    of the searches that raised (a strategy's own failure, e.g. on a sparse sampled space: left out)."""
+    runs: dict[int, list[list[float | None]]] = {}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="kf-kt-") as folder:
+        for budget in budgets:
+            runs[budget] = []
+            for seed in range(repetitions):
+                if sum("TimeoutError" in e for e in errors) >= MAX_TIMEOUTS:
+                    errors.append(f"budget {budget} seed {seed}: skipped after {MAX_TIMEOUTS} searches timed out")
+                    continue
+                try:
+                    keys = kernel_tuner_peer.run_strategy(landscape, strategy, budget, seed, Path(folder))
+                except Exception as error:  # Kernel Tuner's own failure: reported, never ours to fix
+                    errors.append(f"budget {budget} seed {seed}: {type(error).__name__}: {error}")
+                    continue
+                runs[budget].append(kernel_tuner_peer.values_of(landscape, keys))
+    return runs, errors
+
+
+def describe(landscape: Landscape, stale: bool) -> dict[str, Any]:
+    values = landscape.values()
+    return {
+        "settings": len(landscape.settings),
+        "space_size": landscape.space_size,
+        "failed": sum(v is None for v in values),
+        "optimum": landscape.optimum,
+        "best_setting": max(landscape.settings, key=lambda s: s.value or 0.0).key,
+        "within_95pct": sum(v is not None and v >= 0.95 * landscape.optimum for v in values),
+        "seed_value": landscape.floor,
+        "median_value": statistics.median(v for v in values if v is not None) if any(values) else None,
+        "random_expected_best": {str(b): random_expected_best(landscape, b) for b in BUDGETS},
+        "recording": landscape.recording,
+        "fingerprint": landscape.fingerprint,
+        "stale": stale,
+        "repeats": landscape.repeats,
+        "budget_s": landscape.budget_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--problems", default=",".join(builtin_problems("cpu")), help="comma-separated problem names")
+    parser.add_argument("--record", action="store_true", help="record a new take of every landscape")
+    parser.add_argument("--record-only", action="store_true", help="record (or check) the landscapes, replay nothing")
+    parser.add_argument("--stale-ok", action="store_true", help="replay an older definition's recording if need be")
+    parser.add_argument("--max-settings", type=int, default=DEFAULT_MAX_SETTINGS, help="0: the whole space")
+    parser.add_argument("--record-repeats", type=int, default=DEFAULT_REPEATS, help="benchmarks per setting")
+    parser.add_argument("--record-budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per benchmark")
+    parser.add_argument("--database-url", default=os.environ.get("KF_LANDSCAPE_DATABASE_URL") or None)
+    parser.add_argument("--repetitions", type=int, default=200, help="replayed searches per proposer and problem")
+    parser.add_argument("--per-generation", type=int, default=DEFAULT_PER_GENERATION)
+    parser.add_argument("--horizon", type=int, default=48, help="evaluations per replayed search (for evals_to_95pct)")
+    parser.add_argument("--proposers", default=",".join(PROPOSERS))
+    parser.add_argument("--kernel-tuner-strategies", default=",".join(kernel_tuner_peer.STRATEGIES))
+    parser.add_argument("--kernel-tuner-repetitions", type=int, default=50)
+    parser.add_argument("--no-kernel-tuner", action="store_true")
+    args = parser.parse_args(argv)
+    problems = [p for p in args.problems.split(",") if p]
+    command = "python bench/search_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    found = asyncio.run(landscapes(args, problems))
+    figures: dict[str, Any] = {
+        "landscapes": {name: describe(land, stale) for name, (land, stale) in found.items()},
+        "budgets": list(BUDGETS),
+        "command": command,
+    }
+    if args.record_only:
+        return figures
+    budgets = list(BUDGETS)
+    scores: dict[str, dict[str, dict[str, float | None]]] = {}
+    evals: dict[str, dict[str, float | None]] = {}
+    seconds: dict[str, dict[str, float]] = {}
+    failures: dict[str, dict[str, str]] = {}
+
+    def scored(who: str, name: str, landscape: Landscape, by_budget: dict[int, list[list[float | None]]]) -> None:
+        scores.setdefault(who, {})[name] = {str(b): score(landscape, by_budget[b], b) for b in budgets}
+        longest = by_budget[max(by_budget)]
+        evals.setdefault(who, {})[name] = median_evals_to(landscape, longest, 0.95)
+
+    for name, (landscape, _) in found.items():
+        problem = load_problem(name)
+        horizon = max(args.horizon, *budgets)
+        for who in [p for p in args.proposers.split(",") if p]:
+            began = time.perf_counter()
+            runs = replay_proposer(who, problem, landscape, args.repetitions, horizon, args.per_generation)
+            seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.repetitions, 1)
+            scored(who, name, landscape, {b: runs for b in budgets} | {horizon: runs})
+            say(f"{name} {who}: score {scores[who][name]}, evals_to_95pct {evals[who][name]}")
+        why_not = kernel_tuner_peer.available()
+        if args.no_kernel_tuner or why_not:
+            figures["kernel_tuner"] = "not run" if args.no_kernel_tuner else f"not available: {why_not}"
+            continue
+        for strategy in [s for s in args.kernel_tuner_strategies.split(",") if s]:
+            who = f"kernel_tuner:{strategy}"
+            began = time.perf_counter()
+            by_budget, errors = replay_kernel_tuner(strategy, landscape, args.kernel_tuner_repetitions, budgets)
+            if errors:
+                failures.setdefault(who, {})[name] = f"{len(errors)} searches raised, e.g. {errors[0][:200]}"
+            seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.kernel_tuner_repetitions, 1)
+            scored(who, name, landscape, by_budget)
+            say(f"{name} {who}: score {scores[who][name]}, evals_to_95pct {evals[who][name]}")
+    figures |= {
+        "score": scores,
+        "evals_to_95pct": evals,
+        "repetitions": {"proposers": args.repetitions, "kernel_tuner": args.kernel_tuner_repetitions},
+        # evals_to_95pct looks this far: a replayed proposer's searches run to the horizon, Kernel Tuner's
+        # to the largest budget (its strategies size themselves by max_fevals).
+        "evals_to_95pct_within": {"proposers": max(args.horizon, *budgets), "kernel_tuner": max(budgets)},
+        "per_generation": args.per_generation,
+        "seconds_per_search": seconds,
+        "kernel_tuner_failures": failures,
+    }
+    figures["targets"] = targets(scores)
+    return figures
+
+
+def targets(scores: dict[str, dict[str, dict[str, float | None]]]) -> dict[str, Any]:
+    """Whether the search proposer scores >= 0.7 at budget 16 on every problem, and beats random and the best
+    Kernel Tuner strategy at every budget on every problem (a list of the misses)."""
+    search = scores.get("search", {})
+    misses: list[str] = []
+    for problem, by_budget in search.items():
+        at16 = by_budget.get("16")
+        if at16 is None or at16 < 0.7:
+            misses.append(f"{problem}: score {at16} < 0.7 at budget 16")
+        for budget, value in by_budget.items():
+            rivals = {who: s[problem][budget] for who, s in scores.items() if who != "search" and problem in s}
+            for who, rival in rivals.items():
+                if who != "random" and not who.startswith("kernel_tuner:"):
+                    continue
+                if value is not None and rival is not None and value <= rival:
+                    misses.append(f"{problem} budget {budget}: search {value:.3f} <= {who} {rival:.3f}")
+    return {"met": not misses and bool(search), "misses": misses}
+
+
+if __name__ == "__main__":
+    result = main()
+    if "--json" in sys.argv:
+        print(json.dumps(result, indent=2))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {json.dumps(value)}")

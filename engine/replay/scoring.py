@@ -1,0 +1,83 @@
+"""Scoring searches on a landscape, after Kernel Tuner's methodology for comparing optimisation strategies:
+a strategy's expected best at a budget, placed between random search's expected best (0) and the optimum (1).
+
+With v(s) a setting's value on the landscape (the geometric mean of its recorded speedups over numpy; a
+failed setting has none) and a search's evaluations s₁, s₂, …:
+
+    best(b)  = max(v(seed), max{ v(sᵢ) : i <= b, sᵢ correct })   # the seed kernel is where a search starts
+    R(b)     = E[best(b)] for b settings drawn uniformly without replacement    # exact, see random_expected_best
+    optimum  = max(v(seed), max over the landscape's settings of v)
+    score(b) = (mean over searches of best(b) - R(b)) / (optimum - R(b))
+
+A score of 0 is random search's expected best at that budget, 1 the optimum every time; below 0 is worse
+than random. When R(b) is the optimum (a budget that covers the space), the score is 1 for a search that
+found the optimum too, else below. ``evals_to`` counts the evaluations until a setting within a fraction
+of the optimum was evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from engine.replay.landscape import Landscape
+
+
+def best_at(values: Sequence[float | None], budget: int, floor: float) -> float:
+    """best(budget) of a search whose evaluations had landscape ``values`` (None: the setting failed)."""
+    return max([floor, *(v for v in values[:budget] if v is not None)])
+
+
+def random_expected_best(landscape: Landscape, budget: int) -> float:
+    """R(budget): the exact expectation of best(budget) for ``budget`` settings of the landscape drawn
+    uniformly without replacement. With the settings' values w₍₁₎ <= … <= w₍N₎ (a failed setting counts as
+    the floor), P(best <= w₍ᵢ₎) = C(i, b) / C(N, b)."""
+    floor = landscape.floor
+    ordered = sorted(max(floor, v) if v is not None else floor for v in landscape.values())
+    n = len(ordered)
+    if n == 0:
+        return floor
+    b = min(budget, n)
+    total = math.comb(n, b)
+    expected = 0.0
+    previous = 0
+    for i, value in enumerate(ordered, start=1):
+        at_most = math.comb(i, b)
+        expected += value * (at_most - previous) / total
+        previous = at_most
+    return expected
+
+
+def score(landscape: Landscape, searches: Sequence[Sequence[float | None]], budget: int) -> float | None:
+    """score(budget) of ``searches`` (each its evaluations' landscape values, in order); None without any."""
+    if not searches:
+        return None
+    expected = statistics.fmean(best_at(values, budget, landscape.floor) for values in searches)
+    baseline = random_expected_best(landscape, budget)
+    span = landscape.optimum - baseline
+    if span <= 1e-12 * max(landscape.optimum, 1.0):
+        return 1.0 if expected >= landscape.optimum * (1 - 1e-12) else 0.0
+    return (expected - baseline) / span
+
+
+def evals_to(values: Sequence[float | None], threshold: float) -> int | None:
+    """1-based number of evaluations until one reached ``threshold``; None when none did."""
+    for index, value in enumerate(values, start=1):
+        if value is not None and value >= threshold:
+            return index
+    return None
+
+
+def median_evals_to(landscape: Landscape, searches: Sequence[Sequence[float | None]], fraction: float) -> float | None:
+    """The median over searches of evals_to(fraction × optimum); a search that never got there counts as
+    after all others, so the median is None when more than half never did."""
+    threshold = fraction * landscape.optimum
+    if landscape.floor >= threshold:
+        return 0.0
+    counts = [evals_to(values, threshold) for values in searches]
+    if not counts:
+        return None
+    ranked = sorted(math.inf if c is None else float(c) for c in counts)
+    middle = statistics.median(ranked)
+    return None if math.isinf(middle) else middle
