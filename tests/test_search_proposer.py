@@ -196,7 +196,7 @@ def test_a_cold_search_covers_every_value_of_every_parameter_first() -> None:
         tried = {f"{k}={v}" for c in picks for k, v in c.params.items()}
         # Four picks, at most four values per parameter: the first generation tries every one of them.
         assert tried == values
-        assert any("covers untried" in c.rationale for c in picks)
+        assert any("tries untried" in c.rationale for c in picks)
 
 
 def test_every_seed_gives_a_search_of_its_own() -> None:
