@@ -32,6 +32,10 @@ b evaluated):
 - evals_to_95pct[proposer][problem]: the median over repetitions of the evaluations until a setting with
   v >= 0.95 × optimum was evaluated (null when more than half the repetitions did not: within --horizon
   evaluations for our proposers, within the largest budget for Kernel Tuner's; evals_to_95pct_within);
+- warm[problem]: the search proposer's warm starts: pairs of a cold search and a second search with another
+  seed on the cold one's lessons (16 evaluations each, a quarter of --repetitions pairs): remeasured_mean (the
+  warm search's evaluations that measured a setting the cold one had measured), new_settings_share,
+  beats_cold_share (the warm search found a better setting than the cold one), best_vs_cold_mean;
 - landscapes[problem]: its settings, space size, failures, optimum, recording and whether it is stale.
 """
 
@@ -69,14 +73,23 @@ from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import Proposer
 from engine.replay.landscape import Landscape, stored_recordings
 from engine.replay.recording import DEFAULT_BUDGET_S, DEFAULT_REPEATS, RecordingPlan, record_landscape
-from engine.replay.scoring import median_evals_to, random_expected_best, score
-from engine.replay.simulation import DEFAULT_PER_GENERATION, replay_search
+from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score
+from engine.replay.simulation import DEFAULT_PER_GENERATION, ReplayLessons, recorded_space, replay_search
 
 DEFAULT_MAX_SETTINGS = 128
 """Settings recorded per problem by default: whole spaces up to this size, a seeded sample of larger ones."""
 
 BUDGETS = (8, 16, 32)
 """Evaluation budgets scored (template settings evaluated; the seed kernel does not count)."""
+
+WARM_BUDGET = 16
+"""Evaluations of each of the cold and the warm search in the warm-start figures."""
+
+WARM_REPETITIONS_DIVISOR = 4
+"""Warm pairs run per problem: a quarter of --repetitions (each pair is two searches)."""
+
+WARM_SEED_OFFSET = 100_003
+"""Added to a cold search's seed for the warm search that follows it: another search, another seed."""
 
 MAX_TIMEOUTS = 3
 """Kernel Tuner searches of one strategy on one problem that may time out before the rest are skipped."""
@@ -150,6 +163,46 @@ def replay_proposer(
         ]
         for seed in range(repetitions)
     ]
+
+
+def replay_warm(
+    name: str, problem: Problem, landscape: Landscape, repetitions: int, budget: int, per_generation: int
+) -> dict[str, float]:
+    """Warm searches: each repetition runs a cold search of ``budget`` evaluations, then a second search with
+    another seed that sees the first one's lessons (as a later search on the same log does; it starts from
+    the seed kernel, as a search without resume_from does). Per repetition, how many of the warm search's
+    evaluations measured again a setting the cold search had measured, and whether its best setting is
+    better than the cold search's."""
+    make = PROPOSERS[name]
+    remeasured: list[int] = []
+    beats: list[bool] = []
+    ratio: list[float] = []
+    for seed in range(repetitions):
+        lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target)
+        cold = replay_search(
+            make(), problem, landscape, evaluations=budget, seed=seed, per_generation=per_generation, lessons=lessons
+        )
+        warm = replay_search(
+            make(),
+            problem,
+            landscape,
+            evaluations=budget,
+            seed=seed + WARM_SEED_OFFSET,
+            per_generation=per_generation,
+            lessons=lessons,
+        )
+        measured = {e.key for e in cold}
+        remeasured.append(sum(e.key in measured for e in warm))
+        cold_best = best_at([e.value for e in cold], budget, landscape.floor)
+        warm_best = best_at([e.value for e in warm], budget, landscape.floor)
+        beats.append(warm_best > cold_best)
+        ratio.append(warm_best / cold_best)
+    return {
+        "remeasured_mean": statistics.fmean(remeasured),
+        "new_settings_share": 1.0 - statistics.fmean(remeasured) / budget,
+        "beats_cold_share": statistics.fmean(beats),
+        "best_vs_cold_mean": statistics.fmean(ratio),
+    }
 
 
 def replay_kernel_tuner(
@@ -229,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     evals: dict[str, dict[str, float | None]] = {}
     seconds: dict[str, dict[str, float]] = {}
     failures: dict[str, dict[str, str]] = {}
+    warm: dict[str, dict[str, float]] = {}
 
     def scored(who: str, name: str, landscape: Landscape, by_budget: dict[int, list[list[float | None]]]) -> None:
         scores.setdefault(who, {})[name] = {str(b): score(landscape, by_budget[b], b) for b in budgets}
@@ -244,6 +298,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.repetitions, 1)
             scored(who, name, landscape, {b: runs for b in budgets} | {horizon: runs})
             say(f"{name} {who}: score {scores[who][name]}, evals_to_95pct {evals[who][name]}")
+            if who == "search":
+                reps = max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
+                warm[name] = replay_warm(who, problem, landscape, reps, WARM_BUDGET, args.per_generation)
+                say(f"{name} {who} warm: {warm[name]}")
         why_not = kernel_tuner_peer.available()
         if args.no_kernel_tuner or why_not:
             figures["kernel_tuner"] = "not run" if args.no_kernel_tuner else f"not available: {why_not}"
@@ -267,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "per_generation": args.per_generation,
         "seconds_per_search": seconds,
         "kernel_tuner_failures": failures,
+        "warm": warm,
     }
     figures["targets"] = targets(scores)
     return figures

@@ -314,3 +314,25 @@ def test_kernel_tuner_runs_a_strategy_on_the_exported_cache(
     # Its evaluations score like anyone's.
     assert score(landscape, [found], 12) is not None
 
+
+def _remeasured(problem: Problem, landscape: Landscape, seeds: range) -> int:
+    """Over ``seeds``: evaluations of a warm search (16, after a cold one of 16 on the same lessons) that
+    measured again a setting the cold search had measured."""
+    total = 0
+    for seed in seeds:
+        lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target)
+        cold = replay_search(SearchProposer(), problem, landscape, evaluations=16, seed=seed, lessons=lessons)
+        position = lessons.position
+        warm = replay_search(SearchProposer(), problem, landscape, evaluations=16, seed=seed + 99, lessons=lessons)
+        # The warm search folded its seed kernel and every evaluation into the lessons it was given.
+        assert lessons.position == position + 1 + len(warm)
+        total += len({e.key for e in cold} & {e.key for e in warm})
+    return total
+
+
+def test_a_warm_replay_leaves_settled_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    problem, landscape = toy_landscape()
+    with_rule = _remeasured(problem, landscape, range(4))
+    monkeypatch.setattr("engine.proposers.search.settled_candidates", lambda *_: set())
+    without_rule = _remeasured(problem, landscape, range(4))
+    assert with_rule < without_rule, (with_rule, without_rule)

@@ -24,6 +24,9 @@ Each generation:
   landscapes (bench/search_quality.py) it scored below random search on rmsnorm and bias_gelu at budget 16,
   where the upper bound alone scores above it on every problem.
 
+A setting whose evidence on the target already says it is slower than the incumbent (see
+settled_candidates) is treated as seen: a warm search spends its budget on what it has not measured.
+
 Randomness (ties, draws) derives from (seed, generation), so the same context proposes the same
 candidates, and another seed another search; a candidate in ``context.seen`` is never proposed.
 """
@@ -76,6 +79,12 @@ two: replayed on this machine's landscapes, 3 scored higher at budgets 8-32 on f
 explores untried values sooner, which is where the fast settings of a cold search hide)."""
 
 
+SETTLED_READING_SD = 0.08
+"""Least spread of one reading of ln(speedup) assumed when judging whether a setting is settled (a shared
+machine's readings of one kernel swing by several percent): one reading must be about 15% below the
+incumbent, two about 11%, before the setting is left alone."""
+
+
 @dataclass(frozen=True)
 class _Correctness:
     """Beta posterior of P(correct) of one parameter value, and whether it is a dead end."""
@@ -119,7 +128,8 @@ class SearchProposer:
         space = template_space(problem)
         if not space or context.count <= 0:
             return []
-        seen = set(context.seen)
+        # Settled settings are as good as seen: measuring them again cannot promote them (issue 12 item 5).
+        seen = set(context.seen) | settled_candidates(problem, context.lessons, context.incumbent_evidence)
         parent_id = context.incumbent.candidate_id if context.incumbent else None
         fresh = [
             option
@@ -244,6 +254,30 @@ _DRAW = "upper bound" if ACQUISITION == "ucb" else "Thompson draw"
 
 def _changes(params: dict[str, Any]) -> set[str]:
     return {change_of(k, v) for k, v in params.items()}
+
+
+def settled_candidates(
+    problem: Problem, lessons: dict[str, Any] | None, incumbent_evidence: dict[str, Any] | None
+) -> set[str]:
+    """The candidates of ``problem`` whose evidence on the target already says they are slower than the
+    incumbent: the upper end of their mean ln(speedup) (two standard errors, each reading's spread at least
+    SETTLED_READING_SD) is below the incumbent's. A warm search that starts from the best known kernel then
+    spends its budget on what it has not measured instead of confirming what it knows; a setting measured
+    once on a busy machine, or never clearly slower, stays proposable."""
+    speedup = (incumbent_evidence or {}).get("speedup")
+    if not isinstance(speedup, int | float) or not math.isfinite(speedup) or speedup <= 0:
+        return set()
+    mark = math.log(speedup)
+    settled: set[str] = set()
+    for setting in (lessons or {}).get("settings") or []:
+        n = int(setting.get("n", 0))
+        if setting.get("problem") != problem.name or n <= 0:
+            continue
+        variance = max(float(setting.get("log_speedup_var") or 0.0), SETTLED_READING_SD**2)
+        upper = float(setting["log_speedup_mean"]) + 2.0 * math.sqrt(variance / n)
+        if upper < mark:
+            settled.add(str(setting["candidate_id"]))
+    return settled
 
 
 def covered_values(problem: Problem, lessons: dict[str, Any] | None, incumbent: dict[str, Any] | None) -> set[str]:

@@ -268,20 +268,25 @@ def replay_search(
     seed: int,
     per_generation: int = DEFAULT_PER_GENERATION,
     policy: PromotionPolicy | None = None,
+    lessons: ReplayLessons | None = None,
 ) -> list[Evaluation]:
     """One search by ``proposer`` on ``landscape`` until ``evaluations`` template settings were evaluated
     (or the proposer has nothing left); its evaluations in order. ``seed`` is the search's seed (what the
-    proposer sees) and also seeds the draws of recorded benchmarks."""
+    proposer sees) and also seeds the draws of recorded benchmarks. ``lessons`` are what earlier searches
+    on the same log left (a warm search, as a later search of the problem sees them); they go on folding
+    this search's outcomes, so a third search can continue from them."""
     space = recorded_space(problem, landscape)
     policy = policy or PromotionPolicy()
     by_key = {s.key: s for s in landscape.settings}
     rng = np.random.default_rng([seed, 7])
-    lessons = ReplayLessons(space, landscape.target)
+    lessons = lessons if lessons is not None else ReplayLessons(space, landscape.target)
     seed_candidate = Candidate.create(problem.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
     seed_setting = landscape.seed or Setting("seed", {}, seed_candidate.candidate_id, "ok", ())
     incumbent, incumbent_setting = seed_candidate, seed_setting
+    incumbent_draw: Outcome | None = None
     if seed_setting.ok:
         first = seed_setting.draw(rng)
+        incumbent_draw = first
         lessons.add(seed_candidate, None, _candidate_outcome(seed_candidate, first, None), first)
     seen = [seed_candidate.candidate_id]
     evaluated: list[Evaluation] = []
@@ -298,6 +303,12 @@ def replay_search(
             incumbent=incumbent,
             seen=list(seen),
             lessons=lessons.lessons(),
+            # What the workflow passes: the incumbent's speedup over numpy as measured when it was promoted.
+            incumbent_evidence=(
+                {"speedup": incumbent_draw.speedup, "ci_low": incumbent_draw.ci_low, "ci_high": incumbent_draw.ci_high}
+                if incumbent_draw is not None and incumbent_draw.speedup
+                else {}
+            ),
         )
         picks = proposer.propose(space, context)
         if not picks:
@@ -314,10 +325,10 @@ def replay_search(
             reference = incumbent_setting.draw(rng) if incumbent_setting.ok else None
             outcome = _candidate_outcome(candidate, draw, reference)
             lessons.add(candidate, incumbent, outcome, draw)
-            outcomes.append((candidate, setting, outcome))
+            outcomes.append((candidate, setting, outcome, draw))
             seen.append(candidate.candidate_id)
             evaluated.append(Evaluation(len(evaluated) + 1, generation, setting.key, draw, setting.value))
-        promoted = choose_promotion([o for _, _, o in outcomes], policy)
+        promoted = choose_promotion([o for _, _, o, _ in outcomes], policy)
         if promoted is not None:
-            incumbent, incumbent_setting, _ = next(t for t in outcomes if t[2] is promoted)
+            incumbent, incumbent_setting, _, incumbent_draw = next(t for t in outcomes if t[2] is promoted)
     return evaluated
