@@ -47,7 +47,7 @@ from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.failures import recent_failures_from_events
 from engine.proposers.outcomes import propose_batch
 from engine.search.candidates import Candidate
-from engine.search.history import latest_incumbent_search, load_search_history, stream_of
+from engine.search.history import best_incumbent_search, latest_incumbent_search, load_search_history, stream_of
 from engine.search.steps import (
     ProposeInput,
     ProposeOutput,
@@ -220,9 +220,10 @@ class SearchActivities:
         return output
 
     async def _resume_point(self, start: StartInput) -> str | None:
-        """The earlier search this one starts from: the spec's `resume_from`, or with `resume_latest` the search
-        that promoted last for the same problem and target (None: a cold start)."""
-        if not start.spec.resume_latest:
+        """The earlier search this one starts from: the spec's `resume_from`, with `resume_latest` the search
+        that promoted last for the same problem and target, with `resume_best` the one whose incumbent is the
+        fastest (None: a cold start)."""
+        if not (start.spec.resume_latest or start.spec.resume_best):
             return start.spec.resume_from
         # A retried start keeps the search its recorded start named: another may have promoted since, and the
         # started event, appended under a fixed id, must not change.
@@ -230,6 +231,8 @@ class SearchActivities:
         if recorded is not None:
             named: str | None = recorded.get("resumed_from")
             return named
+        if start.spec.resume_best:
+            return await best_incumbent_search(self.store, start.spec.problem, start.spec.target, start.search_id)
         return await latest_incumbent_search(self.store, start.spec.problem, start.spec.target, start.search_id)
 
     @activity.defn(name="kf.propose")

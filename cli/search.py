@@ -53,6 +53,7 @@ SPEC_OPTIONS = {
     "threads": "threads",
     "resume_from": "resume_from",
     "resume_latest": "resume_latest",
+    "resume_best": "resume_best",
     "hints": "hint",
     "task_queue_prefix": "prefix",
 }
@@ -71,6 +72,13 @@ def register(subparsers: Any) -> None:
         const=True,
         default=None,
         help="start from the newest incumbent an earlier search of this problem and target recorded",
+    )
+    start.add_argument(
+        "--resume-best",
+        action="store_const",
+        const=True,
+        default=None,
+        help="start from the fastest incumbent an earlier search of this problem and target recorded",
     )
     start.add_argument("--id", type=search_id, default=None, help="the search id (default: search-<problem>-<random>)")
     start.add_argument("--wait", action="store_true", help="follow progress until the search ends")

@@ -100,6 +100,8 @@ CLI_ROWS: list[tuple[list[str], list[str]]] = [
     ([*START, "--spec", '{"target": "tpu-v5"}'], ["target", "cuda-sm<NN>"]),
     ([*START, "--spec", '{"task_queue_prefix": "a/b"}'], ["task_queue_prefix", "letters, digits"]),
     ([*START, "--spec", '{"resume_from": ""}'], ["resume_from", "1 to 1000 characters"]),
+    ([*START, "--resume-best", "--resume-latest"], ["resume_latest and resume_best", "one starting point"]),
+    ([*START, "--resume-best", "--resume-from", "s1"], ["resume_from and resume_best", "one starting point"]),
     # kf search: the verbs that steer a running search
     (["search", "extend", "s1"], ["--max-candidates, --max-minutes or --max-llm-usd"]),
     (["search", "extend", "s1", "--max-minutes", "inf"], ["--max-minutes", "at most 10080"]),

@@ -37,6 +37,8 @@ def summary(spec: SearchSpec, every: str | None = None) -> str:
         line += f", every {every}"
     if spec.resume_latest:
         line += ", warm from the newest incumbent"
+    elif spec.resume_best:
+        line += ", warm from the fastest incumbent"
     elif spec.resume_from:
         line += f", from {spec.resume_from}"
     return _fit(line, MAX_SUMMARY_BYTES)
@@ -48,6 +50,11 @@ def static_details(spec: SearchSpec, schedule_id: str | None = None) -> str:
     if spec.resume_latest:
         start = (
             f"the newest incumbent of any earlier `{spec.problem}` search on `{spec.target}` (the seed kernel "
+            "when there is none), re-timed as generation 0"
+        )
+    elif spec.resume_best:
+        start = (
+            f"the fastest incumbent of any earlier `{spec.problem}` search on `{spec.target}` (the seed kernel "
             "when there is none), re-timed as generation 0"
         )
     elif spec.resume_from:

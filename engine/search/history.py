@@ -137,6 +137,32 @@ async def load_search_history(store: EventStore, search_id: str) -> SearchHistor
     return rebuild(search_id, await store.read_stream(stream_of(search_id)))
 
 
+async def best_incumbent_search(store: EventStore, problem: str, target: str, exclude: str) -> str | None:
+    """The id of the search, other than ``exclude``, whose incumbent is the fastest (the highest speedup over
+    numpy any of its promotions recorded; the later promotion on a tie) among the searches whose spec named
+    this ``problem`` and ``target`` (as written); None when none has promoted anything. What a `resume_best`
+    search starts from. Speedups recorded on other days are compared as recorded: the incumbent is timed
+    again as the new search's generation 0."""
+    stream: str | None = await store.pool.fetchval(
+        """
+        SELECT promoted.stream_id FROM events AS promoted
+        WHERE promoted.type = 'incumbent.promoted' AND promoted.stream_id <> $3
+          AND jsonb_typeof(promoted.payload -> 'incumbent' -> 'speedup') = 'number'
+          AND EXISTS (
+            SELECT 1 FROM events AS started
+            WHERE started.stream_id = promoted.stream_id AND started.type = 'search.started'
+              AND started.payload -> 'spec' ->> 'problem' = $1 AND started.payload -> 'spec' ->> 'target' = $2
+          )
+        ORDER BY (promoted.payload -> 'incumbent' ->> 'speedup')::float8 DESC, promoted.position DESC
+        LIMIT 1
+        """,
+        problem,
+        target,
+        stream_of(exclude),
+    )
+    return None if stream is None else stream.removeprefix("search-")
+
+
 async def latest_incumbent_search(store: EventStore, problem: str, target: str, exclude: str) -> str | None:
     """The id of the search, other than ``exclude``, whose incumbent was promoted last among the searches whose
     spec named this ``problem`` and ``target`` (as written: `cpu` and `cpu-x86_64-avx512` are two targets

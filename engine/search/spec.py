@@ -159,6 +159,11 @@ class SearchSpec(BaseModel):
     """Start from the newest incumbent any earlier search of this `problem` on this `target` (both as written in
     the spec) recorded, and skip what that search evaluated, as `resume_from` would; with none recorded yet, a
     cold start from the seed kernel. What `kf schedule create` sets, so each run warm-starts from the last."""
+    resume_best: bool = Field(default=False, strict=True)
+    """Start from the fastest incumbent (by its recorded speedup over numpy) any earlier search of this
+    `problem` on this `target` (both as written) recorded, and skip what that search evaluated, as
+    `resume_from` would; with none recorded yet, a cold start from the seed kernel. A warm search that builds
+    on the best known kernel instead of re-finding it."""
     hints: list[Hint] = Field(default_factory=list, max_length=MAX_HINTS)
     """Human hints that proposers see."""
     worker_wait_seconds: int = Field(default=120, ge=1, le=86_400, strict=True)
@@ -178,8 +183,17 @@ class SearchSpec(BaseModel):
     @model_validator(mode="after")
     def _one_resume(self) -> SearchSpec:
         # Two starting points would leave the seed of generation 0 to chance: say which one is meant.
-        if self.resume_latest and self.resume_from is not None:
-            raise ValueError("resume_from and resume_latest exclude each other: name one earlier search, or none")
+        named = [
+            name
+            for name, given in (
+                ("resume_from", self.resume_from is not None),
+                ("resume_latest", self.resume_latest),
+                ("resume_best", self.resume_best),
+            )
+            if given
+        ]
+        if len(named) > 1:
+            raise ValueError(f"{' and '.join(named)} exclude each other: name one starting point, or none")
         return self
 
 
