@@ -66,10 +66,6 @@ DEAD_END_PENALTY = 25.0
 NEIGHBOURHOOD = 2
 """Most parameters an exploiting pick changes relative to the incumbent."""
 
-ACQUISITION = "ucb"
-"""How picks after the first are chosen: ``ucb`` (the posterior mean plus UCB_KAPPA posterior spreads, each
-pick believed to come back as predicted before the next) or ``thompson`` (the best setting of one draw)."""
-
 EXPLOIT_PICKS = 2
 """Picks of each generation (once anything is known) that take the best settings under the posterior mean."""
 
@@ -152,8 +148,10 @@ class SearchProposer:
         informed = posterior.observations > 0 or bool(transferred)
         # What the model would still not know after the picks so far came back as predicted ("believer"):
         # the next upper-bound pick then looks elsewhere instead of next to the last one.
-        covariance = posterior.covariance() if ACQUISITION == "ucb" else None
+        covariance = posterior.covariance()
         believed_noise = posterior.scales.noise_sd**2 + MODEL_SD**2
+        # ln P(correct) of each value at its posterior mean: a value that often failed weighs a setting down.
+        correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
         picks: list[Candidate] = []
         for index in range(context.count):
             if not fresh:
@@ -171,22 +169,12 @@ class SearchProposer:
                 # The best setting the model knows of, anywhere: with a model of pairs, the posterior mean is
                 # a fair guess far from the incumbent too, and a space sampled sparsely has few neighbours.
                 mode, pool = "exploit-mean", fresh
-                effects = posterior.mean
-                correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
             else:
                 mode = "exploit" if neighbours and index % 2 == 1 else "explore"
                 pool = neighbours if mode == "exploit" else fresh
-                if covariance is not None:
-                    effects = posterior.mean
-                    correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
-                else:
-                    effects = posterior.sample(rng)
-                    correct = {
-                        v: math.log(max(float(rng.beta(c.alpha, c.beta)), 1e-12)) for v, c in correctness.items()
-                    }
             x = posterior.features.matrix(o.params for o in pool)
-            speed = x @ effects
-            if covariance is not None and mode != "exploit-mean":
+            speed = x @ posterior.mean
+            if mode != "exploit-mean":
                 spread = np.sqrt(np.maximum(((x @ covariance) * x).sum(axis=1), 0.0))
                 speed = speed + UCB_KAPPA * spread
             # Ties (no evidence yet) are broken at random, not by the space's order.
@@ -197,9 +185,8 @@ class SearchProposer:
             ]
             best = int(np.argmax(scores))
             chosen = pool[best]
-            if covariance is not None:
-                lever = covariance @ x[best]
-                covariance = covariance - np.outer(lever, lever) / (float(x[best] @ lever) + believed_noise)
+            lever = covariance @ x[best]
+            covariance = covariance - np.outer(lever, lever) / (float(x[best] @ lever) + believed_noise)
             fresh.remove(chosen)
             newly = sorted(_changes(chosen.params) & uncovered) if covering else []
             uncovered -= set(newly)
@@ -241,15 +228,12 @@ class SearchProposer:
         guess = f"predicted {math.exp(predicted):.2f}x numpy ({source})"
         if mode in ("exploit", "exploit-mean") and incumbent is not None:
             moves = ", ".join(f"{k} {incumbent.get(k)}→{v}" for k, v in sorted(params.items()) if incumbent.get(k) != v)
-            how = "posterior mean" if mode == "exploit-mean" else _DRAW
+            how = "posterior mean" if mode == "exploit-mean" else "upper bound"
             return f"exploit: the incumbent with {moves} ({how}); {guess}"
         setting = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         if mode == "exploit-mean":
             return f"exploit: best setting under the posterior mean, {setting}; {guess}"
-        return f"explore: {_DRAW} over the template space chose {setting}; {guess}"
-
-
-_DRAW = "upper bound" if ACQUISITION == "ucb" else "Thompson draw"
+        return f"explore: upper bound over the template space chose {setting}; {guess}"
 
 
 def _changes(params: dict[str, Any]) -> set[str]:

@@ -6,8 +6,8 @@ the measured settings by Bayesian linear regression. Pairs matter because the be
 combinations whose parts do little alone: rmsnorm's streaming stores (NT=1) pay only in the two-pass
 variant (FUSED=0); a sum of main effects averages that away.
 
-The posterior is exact (a Gaussian), so the proposer can draw a whole plausible model at once (Thompson
-sampling) or use the posterior mean (exploitation). Prior means may come from another problem of the same
+The posterior is exact (a Gaussian): the proposer uses its mean (exploitation) and its covariance (upper
+bounds); a whole plausible model can also be drawn at once. Prior means may come from another problem of the same
 family (transfer): effects of parameter values both templates share, such as ``SIMD=1`` or ``NT=1``.
 
 Transfer can mislead: the same knob may pay on one problem and cost on another (streaming stores help a
