@@ -306,11 +306,6 @@ class Mixture:
             + self.weight * (1.0 - self.weight) * np.outer(gap, gap)
         )
 
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
-        """One draw: first which prior holds, then the effects under it."""
-        chosen = self.transferred if rng.uniform() < self.weight else self.plain
-        return chosen.sample(rng)
-
 
 def fit_with_transfer(
     features: Features, observations: Sequence[Observation], transferred: Mapping[str, float]
