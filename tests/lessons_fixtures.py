@@ -103,8 +103,11 @@ class SyntheticSearch:
         speedup: float | None,
         parent_speedup: float | None,
         reused: bool = False,
+        spread: float = 0.03,
+        shared_cores: bool = False,
     ) -> list[NewEvent]:
-        """The step outcomes of one candidate: compiled, then validated, then benchmarked, as far as it got."""
+        """The step outcomes of one candidate: compiled, then validated, then benchmarked, as far as it got;
+        the benchmark's intervals are ± ``spread`` (relative), its timing on shared cores if ``shared_cores``."""
         cid = candidate.candidate_id
 
         def step(name: str, event_type: str, output: StepOutput, evidence: dict[str, Any]) -> NewEvent:
@@ -173,11 +176,12 @@ class SyntheticSearch:
                     event_id="",
                     artifact_id=artifact,
                     ratio=ratio,
-                    ratio_ci_low=ratio * 0.97,
-                    ratio_ci_high=ratio * 1.03,
+                    ratio_ci_low=ratio * (1 - spread),
+                    ratio_ci_high=ratio * (1 + spread),
                     speedup=speedup,
-                    speedup_ci_low=speedup * 0.97,
-                    speedup_ci_high=speedup * 1.03,
+                    speedup_ci_low=speedup * (1 - spread),
+                    speedup_ci_high=speedup * (1 + spread),
+                    shared_cores=shared_cores,
                 ),
                 {"reports": reports},
             )

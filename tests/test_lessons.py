@@ -13,6 +13,7 @@ from engine.evidence.events import NewEvent
 from engine.evidence.index import recorded_evidence
 from engine.evidence.lessons import FAMILY_MAX_WEIGHT, SUMMARY_LINES, lessons_for
 from engine.evidence.lessons_projection import (
+    BUSY_READING_HALFWIDTH,
     PROJECTION,
     apply_events,
     catch_up_lessons,
@@ -282,6 +283,34 @@ async def test_a_setting_gathers_every_benchmark_of_its_candidate(store: EventSt
     assert found.log_speedup_var == pytest.approx((samples[0] - samples[1]) ** 2 / 2)
 
 
+async def test_a_setting_keeps_how_wide_its_readings_were_and_a_busy_one_counts_as_wide(store: EventStore) -> None:
+    loaded = load_problem("softmax")
+    from engine.proposers.random_template import template_candidate, template_space
+
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    quiet, busy = (
+        template_candidate(loaded, params, None, proposer="t", parent_id=seed.candidate_id)
+        for params in template_space(loaded)[-2:]
+    )
+    # Two quiet readings, ±2% and ±10%, in two searches; one busy reading whose own interval looks tight (±1%).
+    for search_id, spread in [("s1", 0.02), ("s2", 0.10)]:
+        search = SyntheticSearch(store, search_id, "softmax")
+        events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
+        events += [search.proposed(1, quiet)]
+        events += search.outcome(1, quiet, failure=None, speedup=1.2, parent_speedup=0.5, spread=spread)
+        if search_id == "s1":
+            events += [search.proposed(1, busy)]
+            events += search.outcome(
+                1, busy, failure=None, speedup=4.0, parent_speedup=0.5, spread=0.01, shared_cores=True
+            )
+        await store.append(search.stream, events)
+
+    by_id = {s.candidate_id: s for s in (await lessons_for(store, "softmax", TARGET)).settings}
+    widths = [(math.log(1.02) - math.log(0.98)) / 2, (math.log(1.10) - math.log(0.90)) / 2]
+    assert by_id[quiet.candidate_id].log_interval_halfwidth == pytest.approx(sum(widths) / 2)
+    assert by_id[busy.candidate_id].log_interval_halfwidth == pytest.approx(BUSY_READING_HALFWIDTH)
+
+
 async def test_settings_of_another_problem_of_the_family_carry_its_name(store: EventStore) -> None:
     softmax = await record_random_search(store, "s1", "softmax", seed=9, generations=2, failure=lambda p: None)
     rmsnorm = await record_random_search(store, "s2", "rmsnorm", seed=9, generations=2, failure=lambda p: None)
@@ -311,6 +340,7 @@ async def test_migration_0004_refolds_the_older_events_into_lesson_settings(
     await store.pool.execute("DROP TABLE lesson_settings")
     # Its SQL as the runner applies it (the runner itself refuses 0004 again once later migrations are applied).
     await store.pool.execute((MIGRATIONS_DIR / "0004_lesson_settings.sql").read_text())
+    await store.pool.execute((MIGRATIONS_DIR / "0008_setting_reading_widths.sql").read_text())
     assert await checkpoint_of(store.pool, PROJECTION) == 0
     assert all(not rows for rows in (await view_rows(store)).values())
 

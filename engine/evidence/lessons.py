@@ -159,6 +159,9 @@ class SettingEvidence(BaseModel):
     """Mean of ln(speedup over numpy) of those benchmarks."""
     log_speedup_var: float
     """Their sample variance (n - 1 in the denominator); 0 with fewer than two."""
+    log_interval_halfwidth: float | None = None
+    """Mean half-width, in ln, of those benchmarks' intervals (a busy machine's reading counts as wide,
+    see BUSY_READING_HALFWIDTH); None when none was recorded. The model counts wide readings for less."""
 
 
 class Lessons(BaseModel):
@@ -246,7 +249,8 @@ async def lessons_for(
         target,
     )
     settings = await store.pool.fetch(
-        "SELECT problem, candidate_id, params, log_speedup_samples, last_position FROM lesson_settings "
+        "SELECT problem, candidate_id, params, log_speedup_samples, log_halfwidth_samples, last_position "
+        "FROM lesson_settings "
         "WHERE family = $1 AND target = $2 ORDER BY problem, candidate_id",
         family,
         target,
@@ -447,6 +451,7 @@ def _setting_evidence(rows: Sequence[asyncpg.Record | dict[str, Any]]) -> list[S
     evidence = []
     for row in sorted(kept, key=lambda r: (r["problem"], r["candidate_id"])):
         samples = list(row["log_speedup_samples"])
+        widths = [w for w in list(row.get("log_halfwidth_samples") or [])[-len(samples) :] if math.isfinite(w)]
         evidence.append(
             SettingEvidence(
                 problem=row["problem"],
@@ -455,6 +460,7 @@ def _setting_evidence(rows: Sequence[asyncpg.Record | dict[str, Any]]) -> list[S
                 n=len(samples),
                 log_speedup_mean=_mean(samples),
                 log_speedup_var=statistics.variance(samples) if len(samples) > 1 else 0.0,
+                log_interval_halfwidth=_mean(widths) if widths else None,
             )
         )
     return evidence

@@ -53,6 +53,11 @@ PROJECTION = "lessons"
 LESSON_SAMPLES = 256
 """Most recent samples kept per row and kind (speedup over parent, over numpy)."""
 
+BUSY_READING_HALFWIDTH = 0.4
+"""Least half-width, in ln, of a reading whose timing shared its cores with other work: its interval may
+look tight while the whole reading sits on a load spike (a kernel that re-measures at 2.9x once read 4.18x
+[3.40, 5.19]), so the model counts it as it counts a reading with about ±40%: far less than a quiet one."""
+
 PAGE_SIZE = 500
 """Events folded per transaction while catching up."""
 
@@ -169,6 +174,7 @@ class _Setting:
     params: dict[str, Any]
     log_speedup_samples: list[float] = field(default_factory=list)
     last_position: int = 0
+    log_halfwidth_samples: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -333,6 +339,12 @@ class _Fold:
             if candidate is not None and candidate.params:
                 setting = await self.setting_row(search, candidate_id, candidate.params, event.position)
                 setting.log_speedup_samples = _bounded(setting.log_speedup_samples, math.log(speedup))
+                setting.log_halfwidth_samples = _bounded(
+                    setting.log_halfwidth_samples,
+                    reading_halfwidth(
+                        output.get("speedup_ci_low"), output.get("speedup_ci_high"), bool(output.get("shared_cores"))
+                    ),
+                )
         ratio = _positive(output.get("ratio"))
         if ratio is None or candidate is None or candidate.parent_id is None or not _timed_against_parent(event):
             return
@@ -433,14 +445,19 @@ class _Fold:
         key = (search.family, search.problem, search.target, candidate_id)
         if key not in self.settings:
             row = await self.connection.fetchrow(
-                "SELECT params, log_speedup_samples, last_position FROM lesson_settings "
+                "SELECT params, log_speedup_samples, last_position, log_halfwidth_samples FROM lesson_settings "
                 "WHERE family = $1 AND problem = $2 AND target = $3 AND candidate_id = $4",
                 *key,
             )
             self.settings[key] = (
                 None
                 if row is None
-                else _Setting(params_of(row["params"]), list(row["log_speedup_samples"]), row["last_position"])
+                else _Setting(
+                    params_of(row["params"]),
+                    list(row["log_speedup_samples"]),
+                    row["last_position"],
+                    list(row["log_halfwidth_samples"]),
+                )
             )
         setting = self.settings[key]
         if setting is None:
@@ -538,13 +555,20 @@ class _Fold:
             await self.connection.executemany(
                 """
                 INSERT INTO lesson_settings (family, problem, target, candidate_id, params, log_speedup_samples,
-                    last_position)
-                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)
+                    last_position, log_halfwidth_samples)
+                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8)
                 ON CONFLICT (family, problem, target, candidate_id) DO UPDATE SET
-                    log_speedup_samples = EXCLUDED.log_speedup_samples, last_position = EXCLUDED.last_position
+                    log_speedup_samples = EXCLUDED.log_speedup_samples, last_position = EXCLUDED.last_position,
+                    log_halfwidth_samples = EXCLUDED.log_halfwidth_samples
                 """,
                 [
-                    (*key, json.dumps(s.params, sort_keys=True), s.log_speedup_samples, s.last_position)
+                    (
+                        *key,
+                        json.dumps(s.params, sort_keys=True),
+                        s.log_speedup_samples,
+                        s.last_position,
+                        s.log_halfwidth_samples,
+                    )
                     for key in sorted(self.dirty_settings)
                     for s in [self.settings[key]]
                     if s is not None
@@ -627,6 +651,17 @@ def _positive(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) and number > 0 else None
+
+
+def reading_halfwidth(ci_low: Any, ci_high: Any, shared_cores: bool) -> float:
+    """How wide one benchmark's reading of a speedup over numpy was: the half-width in ln of its interval
+    [ci_low, ci_high], at least BUSY_READING_HALFWIDTH when its timing shared its cores with other work (the
+    machine was busy), NaN when neither says anything."""
+    low, high = _positive(ci_low), _positive(ci_high)
+    width = (math.log(high) - math.log(low)) / 2.0 if low is not None and high is not None and high >= low else math.nan
+    if shared_cores:
+        return BUSY_READING_HALFWIDTH if math.isnan(width) else max(width, BUSY_READING_HALFWIDTH)
+    return width
 
 
 def _bounded(samples: list[float], sample: float) -> list[float]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from engine.evidence.lessons import _Row, build_lessons
-from engine.evidence.lessons_projection import ALL, LESSON_SAMPLES, changes_of
+from engine.evidence.lessons_projection import ALL, LESSON_SAMPLES, changes_of, reading_halfwidth
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext, Proposer
 from engine.replay.landscape import Landscape, Outcome, Setting, setting_key
@@ -179,9 +179,12 @@ class ReplayLessons:
                     "candidate_id": candidate.candidate_id,
                     "params": dict(candidate.params),
                     "log_speedup_samples": [],
+                    "log_halfwidth_samples": [],
                 },
             )
             setting["log_speedup_samples"] = [*setting["log_speedup_samples"], log_speedup][-LESSON_SAMPLES:]
+            width = reading_halfwidth(outcome.speedup_ci_low, outcome.speedup_ci_high, False)
+            setting["log_halfwidth_samples"] = [*setting["log_halfwidth_samples"], width][-LESSON_SAMPLES:]
             setting["last_position"] = self.position
         if parent is None or outcome.ratio is None:
             return
