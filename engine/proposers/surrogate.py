@@ -98,6 +98,10 @@ class Scales:
     pair_sd: float = PAIR_PRIOR_SD
     noise_sd: float = MEASUREMENT_SD
 
+    def widened(self, pair_factor: float) -> Scales:
+        """These Scales with the pair spread ``pair_factor`` times larger (an explorer's model)."""
+        return Scales(self.main_sd, self.pair_sd * pair_factor, self.noise_sd)
+
 
 def pair_prior_sd(parameters: int) -> float:
     """PAIR_PRIOR_SD for a template of ``parameters`` parameters: the pairs a setting switches on add up to
@@ -308,13 +312,16 @@ class Mixture:
 
 
 def fit_with_transfer(
-    features: Features, observations: Sequence[Observation], transferred: Mapping[str, float]
+    features: Features,
+    observations: Sequence[Observation],
+    transferred: Mapping[str, float],
+    scales: Scales | None = None,
 ) -> Posterior | Mixture:
     """The posterior given ``observations``; with ``transferred`` prior means, the mixture of the plain and
-    the transferred hypothesis, each weighed by its evidence (prior odds 1:1). Both share the Scales the
-    observations suggest under the plain prior."""
+    the transferred hypothesis, each weighed by its evidence (prior odds 1:1). Both share ``scales``, by
+    default the Scales the observations suggest under the plain prior."""
     zero = np.zeros(len(features.names))
-    scales = empirical_scales(features, observations, zero)
+    scales = scales or empirical_scales(features, observations, zero)
     design = _Design.of(features, observations, scales.noise_sd)
     plain = _fit(features, design, zero, scales)
     if not transferred:
