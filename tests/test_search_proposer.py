@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.evidence.lessons import ChangePrior, SettingEvidence
+from engine.evidence.lessons_projection import BUSY_READING_HALFWIDTH
 from engine.problems import load_problem
 from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.random_template import template_candidate, template_space
-from engine.proposers.search import SearchProposer
+from engine.proposers.search import SearchProposer, model_of
 from engine.replay.simulation import RecordedSpace, fixed_space
 from engine.search.candidates import Candidate
 
@@ -203,3 +204,43 @@ def test_every_seed_gives_a_search_of_its_own() -> None:
     problem = problem_of("rmsnorm")
     firsts = {tuple(c.candidate_id for c in SearchProposer().propose(problem, context(1, seed))) for seed in range(8)}
     assert len(firsts) == 8
+
+
+def test_one_slow_reading_of_a_combination_does_not_rule_out_a_value() -> None:
+    problem = problem_of("rmsnorm")
+    # Streaming stores (NT=1) pay 1.6x in the two-pass variant (FUSED=0) and cost in the fused one. The
+    # search has measured a third of the NT=0 settings and one NT=1 setting, a fused one that came back slow.
+    nt0 = [s for s in measured("rmsnorm", rmsnorm_speed, every=3) if s["params"]["NT"] == 0]
+    slow = {"ACC": 4, "ROWS": 1, "SIMD": 0, "FUSED": 1, "VEC": 256, "NT": 1}
+    one = SettingEvidence(
+        problem="rmsnorm",
+        candidate_id="rmsnorm-slow",
+        params=slow,
+        n=1,
+        log_speedup_mean=math.log(rmsnorm_speed(slow)),
+        log_speedup_var=0.0,
+    ).model_dump(mode="json")
+    lessons = {"settings": [*nt0, one]}
+    incumbent = template_candidate(problem, {**slow, "NT": 0}, None, proposer="search")
+    tried = 0
+    for seed in range(10):
+        picks = SearchProposer().propose(problem, context(2, seed, lessons=lessons, incumbent=incumbent))
+        # An upper-bound pick goes back to NT=1 in the combination that was not tried.
+        tried += any(c.params["NT"] == 1 and c.params["FUSED"] == 0 for c in picks[2:])
+    assert tried >= 8
+
+
+def test_a_wide_or_busy_reading_steers_the_model_less() -> None:
+    problem = problem_of("rmsnorm")
+    settings = measured("rmsnorm", rmsnorm_speed, every=4)
+    spike = dict(settings[0]) | {"log_speedup_mean": settings[0]["log_speedup_mean"] + math.log(2.0)}
+    quiet = dict(spike) | {"log_interval_halfwidth": 0.02}
+    busy = dict(spike) | {"log_interval_halfwidth": BUSY_READING_HALFWIDTH}
+    believed = {}
+    for name, reading in [("quiet", quiet), ("busy", busy)]:
+        posterior, _, _ = model_of(problem, {"settings": [reading, *settings[1:]]})
+        row = posterior.features.matrix([settings[0]["params"]])[0]
+        believed[name] = float(row @ posterior.mean)
+    truth = settings[0]["log_speedup_mean"]
+    # A reading twice as fast as the setting runs pulls the model up; a busy one far less than a quiet one.
+    assert believed["quiet"] - truth > 2 * (believed["busy"] - truth) > 0

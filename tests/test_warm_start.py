@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from engine.evidence.events import NewEvent
+from engine.evidence.lessons_projection import BUSY_READING_HALFWIDTH
 from engine.evidence.store import EventStore
 from engine.problems import load_problem
 from engine.proposers import SearchProposer
@@ -71,6 +72,8 @@ def test_only_settings_clearly_slower_than_the_incumbent_are_settled() -> None:
             _setting("softmax", "a-bit-slower", 2.8, 1),  # one reading, 7% below: within a reading's swing
             _setting("softmax", "twice-slower", 2.65, 3),  # three agreeing readings, 12% below: settled
             _setting("softmax", "noisy", 2.65, 3, var=0.09),  # three readings 30% apart: not settled
+            # One reading 33% below, but on a busy machine (its interval counts as ±40%): not settled.
+            _setting("softmax", "busy", 2.0, 1) | {"log_interval_halfwidth": BUSY_READING_HALFWIDTH},
             _setting("softmax", "faster", 3.5, 4),  # faster than the incumbent: worth measuring again
             _setting("rmsnorm", "sibling", 1.0, 4),  # another problem's candidate: not this search's to skip
         ]
