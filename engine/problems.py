@@ -23,9 +23,17 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from engine.errors import UnknownProblemError, UserError
 from kernels import SUITE_DIR
+
+# References and baselines run in the judge's own process, from several threads (a worker runs steps
+# concurrently; the template space test validates two settings at once). OpenBLAS's own thread pool hung
+# there once: a 100x257 by 257x130 float64 product spun for over ten minutes at 100% system time in a CI
+# run. The judge's arrays are small, so it gets one BLAS thread. Sandboxed children set their own thread
+# count (engine/harness/sandbox.py) and never import this module.
+threadpool_limits(limits=1, user_api="blas")
 
 ROLES = ("in", "out", "inout", "size", "scalar")
 # How each declared dtype is stored in numpy. bfloat16 has no numpy type: its 16 bits are kept as uint16.

@@ -312,3 +312,12 @@ def test_malformed_declarations_are_reported_with_the_fix(tmp_path: Path, old: s
     (folder / "problem.py").write_text(source.replace(old, new))
     with pytest.raises(UserError, match=message):
         load_problem(folder)
+
+
+def test_the_judge_process_uses_one_blas_thread() -> None:
+    # References are computed from several threads of the judge's process (importing engine.problems, as this
+    # module does, sets the limit); OpenBLAS's own pool hung there.
+    from threadpoolctl import threadpool_info
+
+    blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    assert blas and all(pool["num_threads"] == 1 for pool in blas)
