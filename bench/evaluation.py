@@ -1,7 +1,7 @@
 """Throughput, overhead and noise floor of the evaluation harness.
 
     .venv/bin/python bench/evaluation.py [--json] [--aa-runs 24] [--budget 2.0]
-    .venv/bin/python bench/evaluation.py --roofline-only [--sweep 8] [--repeats 3] [--json]
+    .venv/bin/python bench/evaluation.py --roofline-only [--sweep 8] [--repeats 3] [--problems NAME ...] [--json]
 
 Measures, with the default budgets unless told otherwise, in a fresh cache folder:
 - noise_floor: this machine's run-level noise floor (engine.harness.noise), measured first, in the fresh
@@ -316,8 +316,11 @@ def best_setting(problem: Problem, cache: Path, sweep: int, seed: int) -> tuple[
     return (max(ranked, key=lambda t: t["speedup"])["params"] if ranked else known), tried
 
 
-def roofline_fraction_best(cache: Path, budget: float, sweep: int, repeats: int, seed: int) -> dict[str, Any]:
-    """Per built-in CPU problem and shape: the DRAM roofline fraction of the best-known template setting."""
+def roofline_fraction_best(
+    cache: Path, budget: float, sweep: int, repeats: int, seed: int, only: list[str] | None = None
+) -> dict[str, Any]:
+    """Per built-in CPU problem (those in ``only`` when given) and shape: the DRAM roofline fraction of the
+    best-known template setting."""
     limits = machine_limits(1, cache)
     result: dict[str, Any] = {
         "dram_bandwidth_gbs": limits.dram_bandwidth_gbs,
@@ -328,6 +331,8 @@ def roofline_fraction_best(cache: Path, budget: float, sweep: int, repeats: int,
         "problems": {},
     }
     for name in builtin_problems("cpu"):
+        if only and name not in only:
+            continue
         problem = load_problem(name)
         params, tried = best_setting(problem, cache, sweep, seed)
         artifact_id = _template_artifact(problem, params, cache)
@@ -390,7 +395,16 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=3, help="benchmarks of each best setting (for the spread)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sweep's draws and of the benchmarks")
+    parser.add_argument(
+        "--problems", nargs="+", metavar="NAME", help="with --roofline-only: only these built-in problems"
+    )
     args = parser.parse_args()
+    unknown = sorted(set(args.problems or ()) - set(builtin_problems("cpu")))
+    if unknown:
+        parser.error(
+            f"--problems: no built-in CPU problem named {', '.join(unknown)}; "
+            f"choose from {', '.join(builtin_problems('cpu'))}"
+        )
     with tempfile.TemporaryDirectory(prefix="kf-bench-") as folder:
         cache = Path(folder)
         figures: dict[str, Any] = {
@@ -402,7 +416,7 @@ def main() -> int:
         }
         if args.roofline_only:
             figures["roofline_fraction_best"] = roofline_fraction_best(
-                cache, args.budget, args.sweep, args.repeats, args.seed
+                cache, args.budget, args.sweep, args.repeats, args.seed, args.problems
             )
             figures["load_average_after"] = os.getloadavg()
             _print(figures, args.json)
