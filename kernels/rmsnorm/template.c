@@ -90,11 +90,17 @@ static inline void kf_stream(float *p, kf_v v) {
 #define KF_PUT(p, v) KF_STORE((p), (v))
 #endif
 
+/* The sum of a vector's lanes as a tree (halves added until one lane is left): log2(LANES) dependent adds
+ * rather than LANES, which is what a row's inverse norm waits on, once per row (short rows feel it). */
 static inline float kf_hsum(kf_v v) {
 #if VEC > 0
-    float s = 0.0f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
+    float t[LANES];
+    __builtin_memcpy(t, &v, sizeof t);
+#pragma GCC unroll 8
+    for (int half = LANES / 2; half > 0; half /= 2)
+#pragma GCC unroll 16
+        for (int i = 0; i < half; i++) t[i] += t[i + half];
+    return t[0];
 #else
     return v;
 #endif

@@ -79,10 +79,16 @@ static inline float kf_hmax(kf_v v) {
     for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
     return m;
 }
+/* The sum of a vector's lanes as a tree (halves added until one lane is left): log2(LANES) dependent adds
+ * rather than LANES, which is what a row's normaliser waits on, once per row (short rows feel it). */
 static inline float kf_hsum(kf_v v) {
-    float s = 0.0f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
+    float t[LANES];
+    __builtin_memcpy(t, &v, sizeof t);
+#pragma GCC unroll 8
+    for (int half = LANES / 2; half > 0; half /= 2)
+#pragma GCC unroll 16
+        for (int i = 0; i < half; i++) t[i] += t[i + half];
+    return t[0];
 }
 #else
 #define LANES 1
