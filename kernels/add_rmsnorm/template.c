@@ -13,8 +13,10 @@
  *          wrote it: the row is still in cache) and w again
  *   NT     1: the final pass writes y with non-temporal (streaming) stores, which skip reading y's cache
  *          lines from memory first; pays off when y does not fit in cache (x86 only, plain stores
- *          elsewhere; needs ALIGN 1 and VEC > 0). An sfence before returning orders them. h is stored
- *          plainly: the final pass reads it back from cache.
+ *          elsewhere; needs ALIGN 1 and VEC > 0). An sfence before returning orders them. With FUSED 0, h
+ *          is streamed too (where its rows align like y's), and the final pass adds x and residual again
+ *          from cache instead of reading h back: a plain store of h would read each of its lines from
+ *          memory first, a fifth stream on top of the four the kernel must move.
  *   PF     software prefetch of x and residual this many bytes ahead of the reduction's loads (0: none, the
  *          hardware prefetcher alone, which stops at every 4 KiB page)
  *   PFL    the cache level the prefetch fills: 1 (L1, prefetcht0) or 2 (L2, prefetcht1)
@@ -93,11 +95,17 @@ static inline void kf_stream(float *p, kf_v v) {
 #define KF_PUT(p, v) KF_STORE((p), (v))
 #endif
 
+/* The sum of a vector's lanes as a tree (halves added until one lane is left): log2(LANES) dependent adds
+ * rather than LANES, which is what a row's inverse norm waits on, once per row (short rows feel it). */
 static inline float kf_hsum(kf_v v) {
 #if VEC > 0
-    float s = 0.0f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
+    float t[LANES];
+    __builtin_memcpy(t, &v, sizeof t);
+#pragma GCC unroll 8
+    for (int half = LANES / 2; half > 0; half /= 2)
+#pragma GCC unroll 16
+        for (int i = 0; i < half; i++) t[i] += t[i + half];
+    return t[0];
 #else
     return v;
 #endif
@@ -115,18 +123,42 @@ static inline int64_t kf_head(const float *p, int64_t n) {
 #endif
 }
 
+/* h streamed (NT, FUSED 0): the final pass takes h[c] as x[c] + residual[c] (the same float sum, from cache). */
+#define KF_H_STREAMS (KF_STREAMS && !FUSED)
+#if KF_H_STREAMS
+#define KF_H_V(hr, xr, rr, c) (KF_LOAD((xr) + (c)) + KF_LOAD((rr) + (c)))
+#define KF_H(hr, xr, rr, c) ((xr)[c] + (rr)[c])
+#else
+#define KF_H_V(hr, xr, rr, c) KF_LOAD((hr) + (c))
+#define KF_H(hr, xr, rr, c) ((hr)[c])
+#endif
+
+/* A store of h at p, which the head peeling aligned when ``aligned``: streamed where h is streamed. */
+static inline void kf_put_h(float *p, kf_v v, int aligned) {
+    (void)aligned;
+#if KF_H_STREAMS
+    if (aligned) {
+        kf_stream(p, v);
+        return;
+    }
+#endif
+    KF_STORE(p, v);
+}
+
 #if FUSED
 #define KF_OUT_V(c) (KF_LOAD(yr + (c)) * vinv)
 #define KF_OUT(c) (yr[c] * inv)
 #else
-#define KF_OUT_V(c) (KF_LOAD(hr + (c)) * vinv * KF_LOAD(w + (c)))
-#define KF_OUT(c) (hr[c] * inv * w[c])
+#define KF_OUT_V(c) (KF_H_V(hr, xr, rr, c) * vinv * KF_LOAD(w + (c)))
+#define KF_OUT(c) (KF_H(hr, xr, rr, c) * inv * w[c])
 #endif
 
 /* The final pass of one row: y = h * inv * w (FUSED 0) or y *= inv (FUSED 1). */
-static inline void scale_row(const float *restrict hr, const float *restrict w, float *restrict yr, int64_t cols,
-                             float inv) {
+static inline void scale_row(const float *restrict hr, const float *restrict xr, const float *restrict rr,
+                             const float *restrict w, float *restrict yr, int64_t cols, float inv) {
     (void)hr;
+    (void)xr;
+    (void)rr;
     (void)w;
     int64_t c = kf_head(yr, cols);
     for (int64_t i = 0; i < c; i++) yr[i] = KF_OUT(i);
@@ -217,7 +249,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
 #pragma GCC unroll 16
             for (int a = 0; a < ACC; a++) {
                 const kf_v v = KF_LOAD(x + o + a * LANES) + KF_LOAD(res + o + a * LANES);
-                KF_STORE(h + o + a * LANES, v);
+                kf_put_h(h + o + a * LANES, v, 1);
                 acc[i][a] += v * v;
 #if FUSED
                 KF_STORE(y + o + a * LANES, v * KF_LOAD(w + head[i] + c + a * LANES));
@@ -243,14 +275,21 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
  * heads that align yp's rows (the other rows are loaded and stored unaligned where they are aligned otherwise). */
 static inline __attribute__((always_inline)) void reduce_and_write(const float *restrict xn, const float *restrict rn,
                                                                    float *restrict hn, const float *restrict hp,
+                                                                   const float *restrict xp, const float *restrict rp,
                                                                    const float *restrict w, float *restrict yp,
                                                                    int64_t cols, const float *inv, float *ss,
                                                                    const int R) {
+    (void)hp;
+    (void)xp;
+    (void)rp;
     int64_t head[ROWS];
     const int64_t body = kf_body(yp, cols, head, R);
     kf_v acc[ROWS][ACC], vinv[ROWS];
+    /* the heads align y's rows; h's rows align with them when the two arrays are equally misaligned */
+    int h_aligned[ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
+        h_aligned[i] = (uintptr_t)(hn + i * cols + head[i]) % KF_ALIGN_BYTES == 0;
         vinv[i] = (kf_v){0} + inv[i];
 #pragma GCC unroll 16
         for (int a = 0; a < ACC; a++) acc[i][a] = (kf_v){0};
@@ -267,10 +306,10 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
 #pragma GCC unroll 16
             for (int a = 0; a < ACC; a++) {
                 const kf_v v = KF_LOAD(xn + o + a * LANES) + KF_LOAD(rn + o + a * LANES);
-                KF_STORE(hn + o + a * LANES, v);
+                kf_put_h(hn + o + a * LANES, v, h_aligned[i]);
                 acc[i][a] += v * v;
                 KF_PUT(yp + o + a * LANES,
-                       KF_LOAD(hp + o + a * LANES) * vinv[i] * KF_LOAD(w + head[i] + c + a * LANES));
+                       KF_H_V(hp, xp, rp, o + a * LANES) * vinv[i] * KF_LOAD(w + head[i] + c + a * LANES));
             }
         }
     }
@@ -285,13 +324,13 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
             const float v = xn[o + c] + rn[o + c];
             hn[o + c] = v;
             s += v * v;
-            yp[o + c] = hp[o + c] * inv[i] * w[c];
+            yp[o + c] = KF_H(hp, xp, rp, o + c) * inv[i] * w[c];
         }
         for (int64_t c = head[i] + body; c < cols; c++) {
             const float v = xn[o + c] + rn[o + c];
             hn[o + c] = v;
             s += v * v;
-            yp[o + c] = hp[o + c] * inv[i] * w[c];
+            yp[o + c] = KF_H(hp, xp, rp, o + c) * inv[i] * w[c];
         }
         ss[i] = s;
     }
@@ -312,11 +351,13 @@ void add_rmsnorm(const float *x, const float *residual, const float *w, float *h
         for (int64_t b = 1; b < blocks; b++) {
             for (int i = 0; i < ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
             const int64_t p = (b - 1) * ROWS * cols, n = p + ROWS * cols;
-            reduce_and_write(x + n, residual + n, h + n, h + p, w, y + p, cols, inv, ss, ROWS);
+            reduce_and_write(x + n, residual + n, h + n, h + p, x + p, residual + p, w, y + p, cols, inv, ss, ROWS);
         }
         const int64_t p = (blocks - 1) * ROWS * cols;
-        for (int i = 0; i < ROWS; i++)
-            scale_row(h + p + i * cols, w, y + p + i * cols, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
+        for (int i = 0; i < ROWS; i++) {
+            const int64_t o = p + i * cols;
+            scale_row(h + o, x + o, residual + o, w, y + o, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
+        }
         r = blocks * ROWS;
     }
 #else
@@ -324,13 +365,16 @@ void add_rmsnorm(const float *x, const float *residual, const float *w, float *h
         const int64_t o = r * cols;
         reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, ROWS);
         for (int i = 0; i < ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
-        for (int i = 0; i < ROWS; i++) scale_row(h + o + i * cols, w, y + o + i * cols, cols, inv[i]);
+        for (int i = 0; i < ROWS; i++) {
+            const int64_t q = o + i * cols;
+            scale_row(h + q, x + q, residual + q, w, y + q, cols, inv[i]);
+        }
     }
 #endif
     for (; r < rows; r++) {
         const int64_t o = r * cols;
         reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, 1);
-        scale_row(h + o, w, y + o, cols, 1.0f / sqrtf(ss[0] * inv_cols + eps));
+        scale_row(h + o, x + o, residual + o, w, y + o, cols, 1.0f / sqrtf(ss[0] * inv_cols + eps));
     }
 #if KF_STREAMS
     _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
