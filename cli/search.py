@@ -48,6 +48,7 @@ SPEC_OPTIONS = {
     "promotion.margin": "margin",
     "promotion.confidence": "confidence",
     "promotion.confirm_halfwidth": "confirm_halfwidth",
+    "promotion.steering_remeasures": "steering_remeasures",
     "seed": "seed",
     "benchmark_seconds": "benchmark_seconds",
     "threads": "threads",
@@ -170,6 +171,13 @@ def add_spec_options(parser: argparse.ArgumentParser, *, resume_from: bool = Tru
         "promotion.confirm_halfwidth",
         number,
         "re-measure a promotion whose interval's relative half-width is above this (0: every one)",
+    )
+    _add_spec_option(
+        parser,
+        "--steering-remeasures",
+        "promotion.steering_remeasures",
+        integer,
+        "shaky readings per generation re-measured before they steer the search (fastest first; 0: none)",
     )
     _add_spec_option(
         parser, "--seed", "seed", integer, "seed of the proposers' randomness (default: a fresh one, recorded)"

@@ -24,6 +24,7 @@ from engine.evidence.projections import checkpoint_of
 from engine.evidence.store import EventStore
 from engine.problems import load_problem
 from engine.search.candidates import Candidate
+from engine.search.steps import StepOutput
 
 VIEW_TABLES = {
     "lesson_searches": "stream_id",
@@ -311,6 +312,51 @@ async def test_a_setting_keeps_how_wide_its_readings_were_and_a_busy_one_counts_
     assert by_id[busy.candidate_id].log_interval_halfwidth == pytest.approx(BUSY_READING_HALFWIDTH)
 
 
+async def test_a_re_measurement_is_another_reading_of_the_setting_and_never_a_verdict(store: EventStore) -> None:
+    loaded = load_problem("softmax")
+    from engine.proposers.random_template import template_candidate, template_space
+
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    spiked, crashed = (
+        template_candidate(loaded, params, None, proposer="t", parent_id=seed.candidate_id)
+        for params in template_space(loaded)[-2:]
+    )
+    search = SyntheticSearch(store, "s1", "softmax")
+    events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
+    for candidate in (spiked, crashed):
+        events += [search.proposed(1, candidate)]
+        events += search.outcome(1, candidate, failure=None, speedup=4.0, parent_speedup=0.5, shared_cores=True)
+
+    def remeasured(candidate: Candidate, output: StepOutput) -> NewEvent:
+        return search.event(
+            f"s1/g1/{candidate.candidate_id[:24]}/remeasured",
+            "candidate.remeasured",
+            {"generation": 1, "candidate_id": candidate.candidate_id, "output": output.model_dump(mode="json")},
+        )
+
+    # The load spike's 4.0 re-measures at 2.0 (±1%); the other re-measurement did not come back ok.
+    events += [
+        remeasured(
+            spiked,
+            StepOutput(
+                step="confirm", verdict="ok", event_id="", speedup=2.0, speedup_ci_low=1.98, speedup_ci_high=2.02
+            ),
+        ),
+        remeasured(crashed, StepOutput(step="confirm", verdict="crashed", event_id="")),
+    ]
+    await store.append(search.stream, events)
+
+    lessons = await lessons_for(store, "softmax", TARGET)
+    by_id = {s.candidate_id: s for s in lessons.settings}
+    assert by_id[spiked.candidate_id].n == 2
+    assert by_id[spiked.candidate_id].log_speedup_mean == pytest.approx((math.log(4.0) + math.log(2.0)) / 2)
+    busy_and_tight = (BUSY_READING_HALFWIDTH + (math.log(2.02) - math.log(1.98)) / 2) / 2
+    assert by_id[spiked.candidate_id].log_interval_halfwidth == pytest.approx(busy_and_tight)
+    # A re-measurement is never a verdict: the crashed one added no reading and no failure.
+    assert by_id[crashed.candidate_id].n == 1
+    assert not [f for f in lessons.failures if "crashed" in f.model_dump_json()]
+
+
 async def test_settings_of_another_problem_of_the_family_carry_its_name(store: EventStore) -> None:
     softmax = await record_random_search(store, "s1", "softmax", seed=9, generations=2, failure=lambda p: None)
     rmsnorm = await record_random_search(store, "s2", "rmsnorm", seed=9, generations=2, failure=lambda p: None)
@@ -341,6 +387,7 @@ async def test_migration_0004_refolds_the_older_events_into_lesson_settings(
     # Its SQL as the runner applies it (the runner itself refuses 0004 again once later migrations are applied).
     await store.pool.execute((MIGRATIONS_DIR / "0004_lesson_settings.sql").read_text())
     await store.pool.execute((MIGRATIONS_DIR / "0008_setting_reading_widths.sql").read_text())
+    await store.pool.execute((MIGRATIONS_DIR / "0009_fold_remeasurements.sql").read_text())
     assert await checkpoint_of(store.pool, PROJECTION) == 0
     assert all(not rows for rows in (await view_rows(store)).values())
 

@@ -143,6 +143,21 @@ async def test_a_shaky_promotion_is_re_measured_and_promotes_only_if_it_holds(
     else:
         assert not promoted, "a promotion its re-measurement did not hold up went through"
     assert seed_promotion.payload["generation"] == 0
+    # The generation's fastest shaky reading was re-measured before anything used it (steering_remeasures 1),
+    # and the outcome the promotion read carries the re-measurement's figures.
+    first = {
+        e.payload["candidate_id"]: e.payload["output"]
+        for e in events
+        if e.type == "candidate.benchmarked" and e.payload["generation"] == 1 and e.payload["output"]["verdict"] == "ok"
+    }
+    fastest = max(first, key=lambda cid: first[cid]["ratio"])
+    again = [e for e in events if e.type == "candidate.remeasured" and e.payload["candidate_id"] == fastest]
+    assert again and again[0].position < generation_position(events, 1)
+    [settled] = [o for o in generation["outcomes"] if o["candidate_id"] == fastest]
+    if again[0].payload["output"]["verdict"] == "ok":
+        assert settled["remeasured"] and settled["ratio"] == again[0].payload["output"]["ratio"]
+    else:
+        assert not settled["remeasured"] and settled["ratio"] == first[fastest]["ratio"]
 
 
 def generation_position(events: list[Any], generation: int) -> int:

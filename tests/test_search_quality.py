@@ -36,6 +36,7 @@ from engine.replay.recording import RecordingPlan, record_landscape
 from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score
 from engine.replay.simulation import ReplayLessons, recorded_space, replay_search
 from engine.search.candidates import Candidate
+from engine.search.spec import PromotionPolicy
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -322,10 +323,11 @@ def _remeasured(problem: Problem, landscape: Landscape, seeds: range) -> int:
     for seed in seeds:
         lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target)
         cold = replay_search(SearchProposer(), problem, landscape, evaluations=16, seed=seed, lessons=lessons)
-        position = lessons.position
+        position, remeasures = lessons.position, lessons.remeasures
         warm = replay_search(SearchProposer(), problem, landscape, evaluations=16, seed=seed + 99, lessons=lessons)
-        # The warm search folded its seed kernel and every evaluation into the lessons it was given.
-        assert lessons.position == position + 1 + len(warm)
+        # The warm search folded its seed kernel, every evaluation and every re-measurement into the lessons it
+        # was given.
+        assert lessons.position == position + 1 + len(warm) + lessons.remeasures - remeasures
         total += len({e.key for e in cold} & {e.key for e in warm})
     return total
 
@@ -336,3 +338,27 @@ def test_a_warm_replay_leaves_settled_settings_alone(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr("engine.proposers.search.settled_candidates", lambda *_: set())
     without_rule = _remeasured(problem, landscape, range(4))
     assert with_rule < without_rule, (with_rule, without_rule)
+
+
+def test_a_replayed_search_re_measures_its_shaky_readings_as_the_workflow_does() -> None:
+    problem, landscape = toy_landscape()
+    values = {s.key: s.value for s in landscape.settings}
+
+    def replayed(policy: PromotionPolicy) -> tuple[ReplayLessons, list[Any]]:
+        lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target)
+        evaluations = replay_search(
+            SearchProposer(), problem, landscape, evaluations=12, seed=3, policy=policy, lessons=lessons
+        )
+        return lessons, evaluations
+
+    # confirm_halfwidth 0: every reading is shaky, so each of the three generations re-measures its fastest.
+    lessons, evaluations = replayed(PromotionPolicy(confirm_halfwidth=0.0, steering_remeasures=1))
+    assert lessons.remeasures == 3
+    twice = [s for s in lessons.settings.values() if len(s["log_speedup_samples"]) == 2]
+    assert len(twice) == 3
+    # Only an ok reading is re-measured, never a failed setting.
+    assert all(values[setting_key(s["params"])] is not None for s in twice)
+    assert len(evaluations) == 12  # a re-measurement is no new evaluation
+    lessons, _ = replayed(PromotionPolicy(confirm_halfwidth=0.0, steering_remeasures=0))
+    assert lessons.remeasures == 0
+    assert all(len(s["log_speedup_samples"]) == 1 for s in lessons.settings.values())

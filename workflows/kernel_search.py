@@ -92,6 +92,9 @@ PLAYOFF_BUDGET_MULTIPLE = 4.0
 PLAYOFF_PATCH = "final-playoff"
 # Histories recorded before shaky promotions were re-measured replay without it.
 CONFIRM_PATCH = "confirm-shaky-promotions"
+# Histories recorded before a generation's shaky readings were re-measured ahead of its promotion replay
+# without it.
+STEER_PATCH = "remeasure-shaky-readings"
 STATE_KEY = "state"
 
 
@@ -249,6 +252,8 @@ class KernelSearch:
         # Every candidate of the generation is judged: the promotion decides now, and no candidate is "leading".
         self._leading = None
         self._show_progress()
+        if workflow.patched(STEER_PATCH):
+            await self._remeasure_shaky(outcomes)
         await self._promote(outcomes)
         await self._record(
             f"{state.search_id}/g{state.generation}/completed",
@@ -465,6 +470,58 @@ class KernelSearch:
             target=self._target_name(),
         )
 
+    async def _remeasure_shaky(self, outcomes: list[CandidateOutcome]) -> None:
+        """Re-measure the generation's fastest shaky readings (``promotion.steering_remeasures`` of them)
+        against the incumbent with the playoff's larger budget before anything uses them: the promotion below
+        and, through the lessons (which fold candidate.remeasured as another reading of the setting), the next
+        proposal. A re-measured outcome takes the re-measurement's figures. One the harness could not finish,
+        or that did not come back ok, keeps its first reading, which still needs a confirmation to promote."""
+        state = self._require_state()
+        policy = state.spec.promotion
+        if state.incumbent is None or policy.steering_remeasures <= 0:
+            return
+        shaky_readings = sorted(
+            (
+                o
+                for o in outcomes
+                if o.verdict == "ok" and o.artifact_id is not None and o.ratio is not None and shaky(o, policy)
+            ),
+            key=lambda o: (-(o.ratio or 0.0), o.candidate_id),
+        )[: policy.steering_remeasures]
+        for outcome in shaky_readings:
+            assert outcome.artifact_id is not None
+            step = self._remeasure_step(
+                self._candidate_by_id(outcome.candidate_id),
+                outcome.artifact_id,
+                state.incumbent.artifact_id,
+                state.generation,
+                # The confirmation's seed: it is the same re-measurement (one event per candidate,
+                # generation and incumbent), so a promotion's confirmation finds it recorded.
+                (state.spec.seed or 0) + 2_000_003 + state.generation,
+            )
+            self._doing[outcome.candidate_id] = "re-measuring a shaky reading"
+            try:
+                timed = await self._hardware("kf.confirm", step, minutes=30)
+            except ActivityError:
+                continue
+            finally:
+                self._doing.pop(outcome.candidate_id, None)
+            self._witness(timed.head)
+            if timed.verdict != "ok" or timed.speedup is None or timed.ratio is None:
+                continue
+            outcome.ratio, outcome.ratio_ci_low, outcome.ratio_ci_high = (
+                timed.ratio,
+                timed.ratio_ci_low,
+                timed.ratio_ci_high,
+            )
+            outcome.speedup, outcome.speedup_ci_low = timed.speedup, timed.speedup_ci_low
+            outcome.speedup_ci_high = timed.speedup_ci_high
+            outcome.roofline_fraction = timed.roofline_fraction
+            outcome.shared_cores = timed.shared_cores
+            outcome.remeasured = True
+        # The contenders were sorted by the first readings.
+        state.contenders.sort(key=lambda c: (-(c.outcome.speedup or 0.0), c.candidate.candidate_id))
+
     async def _confirm(self, chosen: CandidateOutcome) -> StepOutput | None:
         """Re-measure a shaky promotion against the incumbent with the larger budget: the re-measurement when
         it clears the margin too, else None (no promotion this generation; the harness failing is no
@@ -507,7 +564,10 @@ class KernelSearch:
         if chosen is None or chosen.artifact_id is None or chosen.speedup is None:
             return
         figures: CandidateOutcome | StepOutput = chosen
-        if state.incumbent is not None and shaky(chosen, state.spec.promotion) and workflow.patched(CONFIRM_PATCH):
+        if state.incumbent is not None and chosen.remeasured:
+            # Its figures are already the re-measurement's, and they cleared the margin.
+            reason += ", confirmed by a re-measurement with the playoff's larger budget"
+        elif state.incumbent is not None and shaky(chosen, state.spec.promotion) and workflow.patched(CONFIRM_PATCH):
             confirmed = await self._confirm(chosen)
             if confirmed is None:
                 return

@@ -330,21 +330,7 @@ class _Fold:
             body = event.payload.get("evidence") or {}
             self.failure(search, changes, "benchmark", verdict, _benchmark_message(body, output), event.position)
             return
-        speedup = _positive(output.get("speedup"))
-        candidate = (await self.stream_candidates(event.stream_id)).get(candidate_id)
-        if speedup is not None:
-            for change in changes:
-                stats = self.stats_row(search, change, event.position)
-                stats.log_speedup_samples = _bounded(stats.log_speedup_samples, math.log(speedup))
-            if candidate is not None and candidate.params:
-                setting = await self.setting_row(search, candidate_id, candidate.params, event.position)
-                setting.log_speedup_samples = _bounded(setting.log_speedup_samples, math.log(speedup))
-                setting.log_halfwidth_samples = _bounded(
-                    setting.log_halfwidth_samples,
-                    reading_halfwidth(
-                        output.get("speedup_ci_low"), output.get("speedup_ci_high"), bool(output.get("shared_cores"))
-                    ),
-                )
+        candidate = await self.fold_reading(event, search, candidate_id, changes, output)
         ratio = _positive(output.get("ratio"))
         if ratio is None or candidate is None or candidate.parent_id is None or not _timed_against_parent(event):
             return
@@ -354,6 +340,43 @@ class _Fold:
             stats.versus_parent += 1
             stats.beats_parent += beats
             stats.log_ratio_samples = _bounded(stats.log_ratio_samples, math.log(ratio))
+
+    async def on_remeasured(self, event: RecordedEvent) -> None:
+        """A re-measurement (of a shaky reading, or a promotion's confirmation) is another reading of the
+        setting, never a verdict: an ok one joins the setting's and its changes' speedup samples, with its own
+        width; one that did not come back ok teaches nothing here (the candidate's verdict stands)."""
+        where = await self.outcome_context(event)
+        if where is None:
+            return
+        search, candidate_id, changes, _ = where
+        output = event.payload.get("output") or {}
+        if str(output.get("verdict", "")) != "ok":
+            return
+        await self.load_problem(search)
+        await self.fold_reading(event, search, candidate_id, changes, output)
+
+    async def fold_reading(
+        self, event: RecordedEvent, search: _Search, candidate_id: str, changes: list[str], output: dict[str, Any]
+    ) -> _Candidate | None:
+        """Fold one ok reading's speedup over the library into the changes' and the setting's samples (with
+        the reading's width); the candidate, as its search knows it."""
+        speedup = _positive(output.get("speedup"))
+        candidate = (await self.stream_candidates(event.stream_id)).get(candidate_id)
+        if speedup is None:
+            return candidate
+        for change in changes:
+            stats = self.stats_row(search, change, event.position)
+            stats.log_speedup_samples = _bounded(stats.log_speedup_samples, math.log(speedup))
+        if candidate is not None and candidate.params:
+            setting = await self.setting_row(search, candidate_id, candidate.params, event.position)
+            setting.log_speedup_samples = _bounded(setting.log_speedup_samples, math.log(speedup))
+            setting.log_halfwidth_samples = _bounded(
+                setting.log_halfwidth_samples,
+                reading_halfwidth(
+                    output.get("speedup_ci_low"), output.get("speedup_ci_high"), bool(output.get("shared_cores"))
+                ),
+            )
+        return candidate
 
     # -- rows ----------------------------------------------------------------------------------------------
 
@@ -597,6 +620,7 @@ _HANDLERS = {
     "candidate.compiled": _Fold.on_compiled,
     "candidate.validated": _Fold.on_validated,
     "candidate.benchmarked": _Fold.on_benchmarked,
+    "candidate.remeasured": _Fold.on_remeasured,
 }
 
 

@@ -12,6 +12,8 @@ The replay follows a KernelSearch (workflows/kernel_search.py) step by step:
 - each candidate's evaluation draws one recorded benchmark of its setting (a failed setting replays its
   verdict), and its speedup over the incumbent is the ratio of its draw to a fresh draw of the incumbent's
   with both intervals' half-widths added in quadrature (in log space);
+- the generation's fastest shaky readings are re-measured first (another recorded benchmark each, folded as
+  another reading), as the search re-measures them (PromotionPolicy.steering_remeasures);
 - the generation's promotion follows the search's rule (engine/search/promotion.py).
 
 The proposer sees only the recorded settings of the template space (a capped landscape is a sample): the
@@ -36,7 +38,7 @@ from engine.problems import Problem
 from engine.proposers.base import ProposalContext, Proposer
 from engine.replay.landscape import Landscape, Outcome, Setting, setting_key
 from engine.search.candidates import Candidate
-from engine.search.promotion import choose_promotion
+from engine.search.promotion import choose_promotion, shaky
 from engine.search.spec import PromotionPolicy
 from engine.search.state import CandidateOutcome
 
@@ -143,6 +145,8 @@ class ReplayLessons:
         self.settings: dict[str, dict[str, Any]] = {}
         self.changes: dict[str, list[str]] = {}
         self.position = 0
+        self.remeasures = 0
+        """Re-measurements folded (``remeasured``), each one position too."""
 
     def add(self, candidate: Candidate, parent: Candidate | None, outcome: CandidateOutcome, draw: Outcome) -> None:
         """Fold one candidate's outcome: ``parent`` is the incumbent it was timed against (None: the seed)."""
@@ -167,6 +171,23 @@ class ReplayLessons:
             kind = "validation" if draw.failed_step == "validate" else "benchmark"
             self._failure([*changes, ALL], kind, draw.verdict, draw.message)
             return
+        self._reading(candidate, outcome, rows)
+        if parent is None or outcome.ratio is None:
+            return
+        for change in [*introduced, ALL]:
+            row = self.stats[change]
+            row.versus_parent += 1
+            row.beats_parent += (outcome.ratio_ci_low or 0.0) > 1.0
+            row.log_ratio_samples = [*row.log_ratio_samples, math.log(outcome.ratio)][-LESSON_SAMPLES:]
+
+    def remeasured(self, candidate: Candidate, outcome: CandidateOutcome) -> None:
+        """Fold an ok re-measurement of a candidate already added: another reading of its setting."""
+        self.position += 1
+        self.remeasures += 1
+        self._reading(candidate, outcome, [self.stats[c] for c in [*self.changes[candidate.candidate_id], ALL]])
+
+    def _reading(self, candidate: Candidate, outcome: CandidateOutcome, rows: list[_Stats]) -> None:
+        """One ok reading into the changes' and the setting's speedup samples, as the projection folds it."""
         assert outcome.speedup is not None
         log_speedup = math.log(outcome.speedup)
         for row in rows:
@@ -186,13 +207,6 @@ class ReplayLessons:
             width = reading_halfwidth(outcome.speedup_ci_low, outcome.speedup_ci_high, False)
             setting["log_halfwidth_samples"] = [*setting["log_halfwidth_samples"], width][-LESSON_SAMPLES:]
             setting["last_position"] = self.position
-        if parent is None or outcome.ratio is None:
-            return
-        for change in [*introduced, ALL]:
-            row = self.stats[change]
-            row.versus_parent += 1
-            row.beats_parent += (outcome.ratio_ci_low or 0.0) > 1.0
-            row.log_ratio_samples = [*row.log_ratio_samples, math.log(outcome.ratio)][-LESSON_SAMPLES:]
 
     def _failure(self, changes: Iterable[str], kind: str, pattern: str, example: str) -> None:
         for change in changes:
@@ -262,6 +276,36 @@ def _candidate_outcome(candidate: Candidate, draw: Outcome, incumbent: Outcome |
     )
 
 
+_Evaluated = tuple[Candidate, Setting, CandidateOutcome, Outcome]
+
+
+def _remeasure_shaky(
+    outcomes: list[_Evaluated],
+    incumbent_setting: Setting,
+    policy: PromotionPolicy,
+    rng: np.random.Generator,
+    lessons: ReplayLessons,
+) -> list[_Evaluated]:
+    """The search's re-measurement of a generation's fastest shaky readings before its promotion
+    (KernelSearch._remeasure_shaky): each draws another recorded benchmark of its setting against a fresh
+    draw of the incumbent's, takes its figures, and is folded as another reading of the setting."""
+    fastest = sorted(
+        (o for _, _, o, _ in outcomes if o.verdict == "ok" and o.ratio is not None and shaky(o, policy)),
+        key=lambda o: (-(o.ratio or 0.0), o.candidate_id),
+    )[: policy.steering_remeasures]
+    again = {o.candidate_id for o in fastest}
+    result: list[_Evaluated] = []
+    for candidate, setting, outcome, draw in outcomes:
+        if candidate.candidate_id in again:
+            draw = setting.draw(rng)
+            outcome = _candidate_outcome(candidate, draw, incumbent_setting.draw(rng)).model_copy(
+                update={"remeasured": True}
+            )
+            lessons.remeasured(candidate, outcome)
+        result.append((candidate, setting, outcome, draw))
+    return result
+
+
 def replay_search(
     proposer: Proposer,
     problem: Problem,
@@ -316,7 +360,7 @@ def replay_search(
         picks = proposer.propose(space, context)
         if not picks:
             break
-        outcomes = []
+        outcomes: list[_Evaluated] = []
         for candidate in picks[: context.count]:
             setting = by_key.get(setting_key(candidate.params))
             if setting is None:
@@ -331,6 +375,8 @@ def replay_search(
             outcomes.append((candidate, setting, outcome, draw))
             seen.append(candidate.candidate_id)
             evaluated.append(Evaluation(len(evaluated) + 1, generation, setting.key, draw, setting.value))
+        if incumbent_setting.ok:
+            outcomes = _remeasure_shaky(outcomes, incumbent_setting, policy, rng, lessons)
         promoted = choose_promotion([o for _, _, o, _ in outcomes], policy)
         if promoted is not None:
             incumbent, incumbent_setting, _, incumbent_draw = next(t for t in outcomes if t[2] is promoted)

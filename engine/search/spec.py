@@ -120,6 +120,12 @@ class PromotionPolicy(BaseModel):
     (relative half-width), or its timing shared its cores with other work -- is re-measured against the
     incumbent with the playoff's larger budget first, and promotes only if the re-measurement clears the
     margin too. 0 re-measures every promotion; 1 only those timed on shared cores."""
+    steering_remeasures: int = Field(default=1, ge=0, le=256, strict=True)
+    """How many of a generation's shaky readings (as confirm_halfwidth defines them; fastest first) are
+    re-measured against the incumbent with the playoff's larger budget before anything uses them: the
+    generation's promotion and, through the lessons (which fold a re-measurement as another reading of the
+    setting), the next proposal. One load spike then neither lures the search nor promotes. 0: none (a
+    shaky promotion is still confirmed)."""
 
 
 class SearchSpec(BaseModel):

@@ -63,6 +63,9 @@ class CandidateOutcome(BaseModel):
     """Its timing shared its cores with other work (the machine was busy): re-measured before it promotes."""
     reused: bool = False
     """True when the outcome was found in the event log rather than measured again."""
+    remeasured: bool = False
+    """True when its first reading was shaky and the figures here are a re-measurement's (with the playoff's
+    larger budget, recorded as candidate.remeasured), taken before the generation's promotion."""
 
 
 class Contender(BaseModel):
