@@ -53,6 +53,10 @@ CLI_ROWS: list[tuple[list[str], list[str]]] = [
     ([*START, "--confidence", "1"], ["--confidence", "more than 0.5 and less than 1"]),
     ([*START, "--confidence", "0.5"], ["--confidence", "more than 0.5 and less than 1"]),
     ([*START, "--confirm-halfwidth", "-0.1"], ["--confirm-halfwidth", "promotion.confirm_halfwidth", "from 0 to 1"]),
+    (
+        [*START, "--steering-remeasures", "-1"],
+        ["--steering-remeasures", "promotion.steering_remeasures", "from 0 to 256"],
+    ),
     ([*START, "--seed", "-1"], ["--seed", "from 0 to 4294967295"]),
     ([*START, "--seed", str(2**32)], ["--seed", "from 0 to 4294967295"]),
     ([*START, "--benchmark-seconds", "inf"], ["--benchmark-seconds", "at most 600"]),
