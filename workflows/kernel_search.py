@@ -489,25 +489,8 @@ class KernelSearch:
             key=lambda o: (-(o.ratio or 0.0), o.candidate_id),
         )[: policy.steering_remeasures]
         for outcome in shaky_readings:
-            assert outcome.artifact_id is not None
-            step = self._remeasure_step(
-                self._candidate_by_id(outcome.candidate_id),
-                outcome.artifact_id,
-                state.incumbent.artifact_id,
-                state.generation,
-                # The confirmation's seed: it is the same re-measurement (one event per candidate,
-                # generation and incumbent), so a promotion's confirmation finds it recorded.
-                (state.spec.seed or 0) + 2_000_003 + state.generation,
-            )
-            self._doing[outcome.candidate_id] = "re-measuring a shaky reading"
-            try:
-                timed = await self._hardware("kf.confirm", step, minutes=30)
-            except ActivityError:
-                continue
-            finally:
-                self._doing.pop(outcome.candidate_id, None)
-            self._witness(timed.head)
-            if timed.verdict != "ok" or timed.speedup is None or timed.ratio is None:
+            timed = await self._remeasure(outcome, outcome.candidate_id, "re-measuring a shaky reading")
+            if timed is None or timed.verdict != "ok" or timed.speedup is None or timed.ratio is None:
                 continue
             outcome.ratio, outcome.ratio_ci_low, outcome.ratio_ci_high = (
                 timed.ratio,
@@ -527,24 +510,33 @@ class KernelSearch:
         it clears the margin too, else None (no promotion this generation; the harness failing is no
         confirmation either). A load spike once read 4.18x [3.40, 5.19] for a kernel that re-measured 2.9x."""
         state = self._require_state()
-        assert state.incumbent is not None and chosen.artifact_id is not None
+        timed = await self._remeasure(chosen, "confirm", "re-measuring a shaky promotion")
+        if timed is None or not clears_margin(timed, state.spec.promotion) or timed.speedup is None:
+            return None
+        return timed
+
+    async def _remeasure(self, outcome: CandidateOutcome, doing_key: str, doing: str) -> StepOutput | None:
+        """Time ``outcome``'s candidate again against the incumbent with the playoff's larger budget
+        (kf.confirm, recorded as candidate.remeasured: one event per candidate, generation and incumbent, so
+        a shaky reading's re-measurement and its promotion's confirmation are the same); None when the harness
+        could not finish it."""
+        state = self._require_state()
+        assert state.incumbent is not None and outcome.artifact_id is not None
         step = self._remeasure_step(
-            self._candidate_by_id(chosen.candidate_id),
-            chosen.artifact_id,
+            self._candidate_by_id(outcome.candidate_id),
+            outcome.artifact_id,
             state.incumbent.artifact_id,
             state.generation,
             (state.spec.seed or 0) + 2_000_003 + state.generation,
         )
-        self._doing["confirm"] = "re-measuring a shaky promotion"
+        self._doing[doing_key] = doing
         try:
             timed = await self._hardware("kf.confirm", step, minutes=30)
         except ActivityError:
             return None
         finally:
-            self._doing.pop("confirm", None)
+            self._doing.pop(doing_key, None)
         self._witness(timed.head)
-        if not clears_margin(timed, state.spec.promotion) or timed.speedup is None:
-            return None
         return timed
 
     async def _promote(self, outcomes: list[CandidateOutcome]) -> None:
