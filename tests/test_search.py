@@ -19,7 +19,7 @@ from engine.evidence.store import EventStore
 from engine.harness.evaluation import validate_artifact
 from engine.problems import load_problem
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
-from engine.search.promotion import choose_promotion, shaky
+from engine.search.promotion import choose_promotion, readings_to_remeasure, shaky
 from engine.search.spec import PromotionPolicy
 from engine.search.state import CandidateOutcome, SearchResult, SearchStatus
 
@@ -105,6 +105,30 @@ def test_a_reading_is_shaky_when_its_interval_is_wide_or_its_cores_were_shared()
     assert shaky(outcome(2.0, 1.95, 2.05, shared=True), policy)  # a busy machine, however narrow
     assert shaky(CandidateOutcome(candidate_id="c", label="c", verdict="ok", ratio=2.0), policy)  # no interval
     assert shaky(outcome(2.0, 1.95, 2.05), PromotionPolicy(confirm_halfwidth=0.0))  # 0: every promotion
+
+
+def test_the_fastest_shaky_readings_are_the_ones_re_measured() -> None:
+    def reading(cid: str, ratio: float, spread: float, verdict: str = "ok") -> CandidateOutcome:
+        return CandidateOutcome(
+            candidate_id=cid,
+            label=cid,
+            verdict=verdict,
+            ratio=ratio,
+            ratio_ci_low=ratio * (1 - spread),
+            ratio_ci_high=ratio * (1 + spread),
+        )
+
+    outcomes = [
+        reading("tight-fast", 1.5, 0.01),  # fastest, but its interval is tight: nothing to re-measure
+        reading("wide-slow", 0.9, 0.2),
+        reading("wide-fast", 1.3, 0.2),
+        reading("failed", 2.0, 0.2, verdict="crashed"),
+    ]
+    policy = PromotionPolicy(confirm_halfwidth=0.05, steering_remeasures=1)
+    assert [o.candidate_id for o in readings_to_remeasure(outcomes, policy)] == ["wide-fast"]
+    policy = PromotionPolicy(confirm_halfwidth=0.05, steering_remeasures=5)
+    assert [o.candidate_id for o in readings_to_remeasure(outcomes, policy)] == ["wide-fast", "wide-slow"]
+    assert readings_to_remeasure(outcomes, PromotionPolicy(steering_remeasures=0)) == []
 
 
 async def test_a_shaky_promotion_is_re_measured_and_promotes_only_if_it_holds(

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.input_errors import explain
     from engine.search.candidates import Candidate
     from engine.search.console import current_details
-    from engine.search.promotion import choose_promotion, clears_margin, shaky
+    from engine.search.promotion import choose_promotion, clears_margin, readings_to_remeasure, shaky
     from engine.search.spec import (
         MAX_BENCHMARK_SECONDS,
         MAX_SEED,
@@ -478,17 +478,9 @@ class KernelSearch:
         or that did not come back ok, keeps its first reading, which still needs a confirmation to promote."""
         state = self._require_state()
         policy = state.spec.promotion
-        if state.incumbent is None or policy.steering_remeasures <= 0:
+        if state.incumbent is None:
             return
-        shaky_readings = sorted(
-            (
-                o
-                for o in outcomes
-                if o.verdict == "ok" and o.artifact_id is not None and o.ratio is not None and shaky(o, policy)
-            ),
-            key=lambda o: (-(o.ratio or 0.0), o.candidate_id),
-        )[: policy.steering_remeasures]
-        for outcome in shaky_readings:
+        for outcome in readings_to_remeasure([o for o in outcomes if o.artifact_id is not None], policy):
             timed = await self._remeasure(outcome, outcome.candidate_id, "re-measuring a shaky reading")
             if timed is None or timed.verdict != "ok" or timed.speedup is None or timed.ratio is None:
                 continue

@@ -38,7 +38,7 @@ from engine.problems import Problem
 from engine.proposers.base import ProposalContext, Proposer
 from engine.replay.landscape import Landscape, Outcome, Setting, setting_key
 from engine.search.candidates import Candidate
-from engine.search.promotion import choose_promotion, shaky
+from engine.search.promotion import choose_promotion, readings_to_remeasure
 from engine.search.spec import PromotionPolicy
 from engine.search.state import CandidateOutcome
 
@@ -289,11 +289,7 @@ def _remeasure_shaky(
     """The search's re-measurement of a generation's fastest shaky readings before its promotion
     (KernelSearch._remeasure_shaky): each draws another recorded benchmark of its setting against a fresh
     draw of the incumbent's, takes its figures, and is folded as another reading of the setting."""
-    fastest = sorted(
-        (o for _, _, o, _ in outcomes if o.verdict == "ok" and o.ratio is not None and shaky(o, policy)),
-        key=lambda o: (-(o.ratio or 0.0), o.candidate_id),
-    )[: policy.steering_remeasures]
-    again = {o.candidate_id for o in fastest}
+    again = {o.candidate_id for o in readings_to_remeasure([o for _, _, o, _ in outcomes], policy)}
     result: list[_Evaluated] = []
     for candidate, setting, outcome, draw in outcomes:
         if candidate.candidate_id in again:

@@ -38,6 +38,14 @@ def shaky(outcome: CandidateOutcome, policy: PromotionPolicy) -> bool:
     return (outcome.ratio_ci_high - outcome.ratio_ci_low) / (2 * outcome.ratio) > policy.confirm_halfwidth
 
 
+def readings_to_remeasure(outcomes: Sequence[CandidateOutcome], policy: PromotionPolicy) -> list[CandidateOutcome]:
+    """The generation's shaky readings to re-measure before anything uses them: the ``steering_remeasures``
+    fastest (by ratio over the incumbent; ties by id) among the correct, timed and shaky ones."""
+    candidates = [o for o in outcomes if o.verdict == "ok" and o.ratio is not None and shaky(o, policy)]
+    candidates.sort(key=lambda o: (-(o.ratio or 0.0), o.candidate_id))
+    return candidates[: policy.steering_remeasures]
+
+
 def choose_promotion(outcomes: Sequence[CandidateOutcome], policy: PromotionPolicy) -> CandidateOutcome | None:
     """The candidate to promote from one generation, or None.
 
