@@ -18,10 +18,11 @@ from temporalio.client import Client, WorkflowFailureError
 from engine.evidence.store import EventStore
 from engine.harness.evaluation import validate_artifact
 from engine.problems import load_problem
+from engine.search.candidates import Candidate
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
-from engine.search.promotion import choose_promotion, readings_to_remeasure, shaky
+from engine.search.promotion import choose_promotion, could_beat, readings_to_remeasure, shaky
 from engine.search.spec import PromotionPolicy
-from engine.search.state import CandidateOutcome, SearchResult, SearchStatus
+from engine.search.state import CandidateOutcome, Incumbent, SearchResult, SearchStatus
 
 pytestmark = pytest.mark.slow
 
@@ -129,6 +130,34 @@ def test_the_fastest_shaky_readings_are_the_ones_re_measured() -> None:
     policy = PromotionPolicy(confirm_halfwidth=0.05, steering_remeasures=5)
     assert [o.candidate_id for o in readings_to_remeasure(outcomes, policy)] == ["wide-fast", "wide-slow"]
     assert readings_to_remeasure(outcomes, PromotionPolicy(steering_remeasures=0)) == []
+
+
+def test_a_playoff_challenger_is_one_not_known_to_be_slower_than_the_incumbent() -> None:
+    seed = Candidate(candidate_id="seed", source="", label="seed", proposer="seed")
+    incumbent = Incumbent(candidate=seed, artifact_id="A", speedup=0.286, ci_low=0.279, ci_high=0.294, generation=0)
+
+    def timed(speedup_high: float, ratio_high: float, against: str | None, verdict: str = "ok") -> CandidateOutcome:
+        return CandidateOutcome(
+            candidate_id="c",
+            label="c",
+            verdict=verdict,
+            artifact_id="B",
+            ratio=ratio_high - 0.03,
+            ratio_ci_low=ratio_high - 0.06,
+            ratio_ci_high=ratio_high,
+            speedup=speedup_high - 0.01,
+            speedup_ci_high=speedup_high,
+            timed_against=against,
+        )
+
+    assert could_beat(timed(0.283, 0.95, "A"), incumbent)  # its speedup interval reaches the incumbent's
+    # numpy ran faster in its run, so its speedup reads low, but head to head it is as fast as the incumbent
+    assert could_beat(timed(0.274, 1.029, "A"), incumbent)
+    # the same ratio against an earlier incumbent says nothing about this one
+    assert not could_beat(timed(0.274, 1.029, "older"), incumbent)
+    assert not could_beat(timed(0.274, 1.029, None), incumbent)
+    assert not could_beat(timed(0.274, 0.99, "A"), incumbent)  # slower head to head, with confidence
+    assert not could_beat(timed(0.5, 2.0, "A", verdict="incorrect"), incumbent)
 
 
 async def test_a_shaky_promotion_is_re_measured_and_promotes_only_if_it_holds(

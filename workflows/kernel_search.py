@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.input_errors import explain
     from engine.search.candidates import Candidate
     from engine.search.console import current_details
-    from engine.search.promotion import choose_promotion, clears_margin, readings_to_remeasure, shaky
+    from engine.search.promotion import choose_promotion, clears_margin, could_beat, readings_to_remeasure, shaky
     from engine.search.spec import (
         MAX_BENCHMARK_SECONDS,
         MAX_SEED,
@@ -84,8 +84,8 @@ HARDWARE_RETRY = RetryPolicy(
 # The start-to-close timeout of a control step that only reads and appends: a backstop against an attempt that
 # is alive but stuck, longer than the default outage patience (600 s) the step may spend waiting for Postgres.
 RECORD_MINUTES = 15
-# The final playoff: at most this many challengers, the fastest correct candidates whose interval reaches the
-# incumbent's, each timed against the playoff's leader with this many times a candidate's benchmark budget.
+# The final playoff: at most this many challengers, the fastest correct candidates not known to be slower than
+# the incumbent, each timed against the playoff's leader with this many times a candidate's benchmark budget.
 PLAYOFF_CONTENDERS = 3
 PLAYOFF_BUDGET_MULTIPLE = 4.0
 # Histories recorded before the playoff existed replay without it (workflow.patched).
@@ -95,6 +95,8 @@ CONFIRM_PATCH = "confirm-shaky-promotions"
 # Histories recorded before a generation's shaky readings were re-measured ahead of its promotion replay
 # without it.
 STEER_PATCH = "remeasure-shaky-readings"
+# Histories recorded before a challenger could qualify for the playoff by its head-to-head ratio replay without it.
+PLAYOFF_RATIO_PATCH = "playoff-head-to-head"
 STATE_KEY = "state"
 
 
@@ -318,6 +320,7 @@ class KernelSearch:
                     outcome.speedup_ci_high = timed.speedup_ci_high
                     outcome.roofline_fraction = timed.roofline_fraction
                     outcome.shared_cores = timed.shared_cores
+                    outcome.timed_against = step.incumbent_artifact_id
         except ActivityError as error:
             # The harness or the infrastructure failed past its retries (a kernel's failure is a verdict,
             # returned normally): the candidate was not judged. Its outcome says exactly that -- never the
@@ -371,7 +374,8 @@ class KernelSearch:
         """Time the incumbent against the best other candidates with a larger budget, so the search ends on
         the fastest kernel it saw, not on one a 2% promotion margin (or a noisy reading) left in place.
 
-        Challengers: contenders whose speedup interval reaches the incumbent's lower end, fastest first. Each
+        Challengers: contenders not known to be slower than the incumbent (``could_beat``: a speedup interval
+        that reaches the incumbent's lower end, or a head-to-head ratio interval that reaches 1), fastest first. Each
         round times a challenger against the current leader (the incumbent to begin with); the challenger
         takes the lead when the lower end of its ratio's interval is above 1 -- faster with confidence, with no
         margin: the margin rations exploration, and here nothing is left to explore. A round the harness could
@@ -380,12 +384,17 @@ class KernelSearch:
         incumbent = state.incumbent
         assert incumbent is not None
         spec = state.spec
+        head_to_head = workflow.patched(PLAYOFF_RATIO_PATCH)
         challengers = [
             c
             for c in state.contenders
             if c.candidate.candidate_id != incumbent.candidate.candidate_id
             and c.outcome.artifact_id is not None
-            and (c.outcome.speedup_ci_high or c.outcome.speedup or 0.0) >= incumbent.ci_low
+            and (
+                could_beat(c.outcome, incumbent)
+                if head_to_head
+                else (c.outcome.speedup_ci_high or c.outcome.speedup or 0.0) >= incumbent.ci_low
+            )
         ][:PLAYOFF_CONTENDERS]
         if not challengers:
             return
@@ -493,6 +502,7 @@ class KernelSearch:
             outcome.speedup_ci_high = timed.speedup_ci_high
             outcome.roofline_fraction = timed.roofline_fraction
             outcome.shared_cores = timed.shared_cores
+            outcome.timed_against = state.incumbent.artifact_id
             outcome.remeasured = True
         # The contenders were sorted by the first readings.
         state.contenders.sort(key=lambda c: (-(c.outcome.speedup or 0.0), c.candidate.candidate_id))

@@ -63,6 +63,10 @@ class CandidateOutcome(BaseModel):
     """Its timing shared its cores with other work (the machine was busy): re-measured before it promotes."""
     reused: bool = False
     """True when the outcome was found in the event log rather than measured again."""
+    timed_against: str | None = None
+    """The artifact id of the incumbent its ratio was measured against, head to head in one run (None: timed
+    against numpy alone, or not timed). A ratio compares with the current incumbent only when this is its artifact.
+    None in outcomes recorded before it was kept."""
     remeasured: bool = False
     """True when its first reading was shaky and the figures here are a re-measurement's (with the playoff's
     larger budget, recorded as candidate.remeasured), taken before the generation's promotion."""
