@@ -14,9 +14,10 @@ Each generation:
 - the first EXPLOIT_PICKS picks exploit: the best settings under the posterior mean (once there is any
   evidence), anywhere in the space;
 - the other picks take the best upper bound (mean + UCB_KAPPA spreads) under the explorer, the same fit
-  with pair spreads EXPLORE_PAIR_FACTOR times wider: the fitted model may blame one slow combination on a
-  value's main effect and never try the value again, the explorer keeps it worth a try in another
-  combination. Each pick is believed to come back as predicted before the next is chosen, so one
+  with pair spreads EXPLORE_PAIR_FACTOR times wider (and, until the problem has COVERING_SETTINGS measured
+  settings, main-effect spreads EXPLORE_MAIN_FACTOR times wider): the fitted model may blame one slow
+  combination on a value's main effect and never try the value again, the explorer keeps it worth a try in
+  another combination. Each pick is believed to come back as predicted before the next is chosen, so one
   generation's picks do not crowd together; every other one is among the incumbent's neighbours (one or two
   parameters changed) when it has parameters;
 - a cold search covers the space's structure through the upper bound itself: a parameter value (or pair)
@@ -87,6 +88,19 @@ searches per problem, scores 0 = random search, 1 = the optimum, mean over probl
 factor 1 (the fitted model alone) 0.30/0.51/0.79, 2 0.31/0.60/0.92, 3 0.35/0.67/0.93, 4 0.36/0.65/0.93.
 At 3, l2norm at 16 rose from 0.26 to 0.70, rmsnorm from 0.21 to 0.50, add_rmsnorm from 0.36 to 0.68;
 kda (0.92 -> 0.88) and bias_gelu (0.57 -> 0.53), whose landscapes are mostly main effects, lost a little."""
+
+EXPLORE_MAIN_FACTOR = 2.0
+"""How much wider the main-effect spreads are in the explorer than in the fitted model while the problem has
+fewer than COVERING_SETTINGS measured settings of its own: a cold search's covering phase. Two slow readings
+of a value, each in a combination that was slow for another reason, otherwise rule the value out: replayed on
+add_rmsnorm, NT=1 read slow once with FUSED=1 and once with ROWS=4 ACC=1 (a rare slow corner), and the search
+never tried NT=1 again, though its fast settings all have NT=1. Replayed on this machine's seven landscapes
+(250 searches per problem, seeds 0-99 and 1000-1149, mean score over problems at budgets 8/16/32): factor 1
+0.34/0.61/0.91, 2 until 12 settings 0.38/0.66/0.91. Kept for the whole search (2 always) it scored 0.87 at 32
+on seeds 0-99: wide main effects keep pulling picks to values already known to be slow."""
+
+COVERING_SETTINGS = 12
+"""Measured settings of the problem itself after which the explorer's main effects are the fitted ones."""
 
 SETTLED_READING_SD = 0.08
 """Least spread of one reading of ln(speedup) assumed when judging whether a setting is settled (a shared
@@ -305,8 +319,9 @@ def model_of(
     The posterior is fitted to the problem's own measured settings; when other problems of the family
     measured parameter values it shares, it is mixed with a posterior whose prior means are theirs (their
     names are returned), weighed by how well that prior predicted the problem's own measurements. The
-    explorer is the same fit with the pair spread ``pair_factor`` times larger (see EXPLORE_PAIR_FACTOR);
-    with a factor of 1 it is the posterior itself."""
+    explorer is the same fit with the pair spread ``pair_factor`` times larger (see EXPLORE_PAIR_FACTOR) and,
+    while the problem has fewer than COVERING_SETTINGS measured settings, the main-effect spread
+    EXPLORE_MAIN_FACTOR times larger; with a factor of 1 it is the posterior itself."""
     features = Features(problem.template_params)
     by_problem: dict[str, list[Observation]] = defaultdict(list)
     for setting in (lessons or {}).get("settings") or []:
@@ -339,7 +354,8 @@ def model_of(
     posterior = fit_with_transfer(features, own, prior_mean)
     if pair_factor == 1.0:
         return posterior, posterior, transferred
-    explorer = fit_with_transfer(features, own, prior_mean, posterior.scales.widened(pair_factor))
+    main_factor = EXPLORE_MAIN_FACTOR if len(own) < COVERING_SETTINGS else 1.0
+    explorer = fit_with_transfer(features, own, prior_mean, posterior.scales.widened(pair_factor, main_factor))
     return posterior, explorer, transferred
 
 

@@ -98,9 +98,10 @@ class Scales:
     pair_sd: float = PAIR_PRIOR_SD
     noise_sd: float = MEASUREMENT_SD
 
-    def widened(self, pair_factor: float) -> Scales:
-        """These Scales with the pair spread ``pair_factor`` times larger (an explorer's model)."""
-        return Scales(self.main_sd, self.pair_sd * pair_factor, self.noise_sd)
+    def widened(self, pair_factor: float, main_factor: float = 1.0) -> Scales:
+        """These Scales with the pair spread ``pair_factor`` and the main-effect spread ``main_factor`` times
+        larger (an explorer's model)."""
+        return Scales(self.main_sd * main_factor, self.pair_sd * pair_factor, self.noise_sd)
 
 
 def pair_prior_sd(parameters: int) -> float:
