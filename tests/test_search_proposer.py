@@ -15,8 +15,16 @@ from engine.evidence.lessons import ChangePrior, SettingEvidence
 from engine.evidence.lessons_projection import BUSY_READING_HALFWIDTH
 from engine.problems import load_problem
 from engine.proposers import ProposalContext, proposer_for
+from engine.proposers import search as search_proposer
 from engine.proposers.random_template import template_candidate, template_space
-from engine.proposers.search import SearchProposer, model_of
+from engine.proposers.search import (
+    COVERING_SETTINGS,
+    EXPLORE_MAIN_FACTOR,
+    EXPLORE_PAIR_FACTOR,
+    SearchProposer,
+    model_of,
+)
+from engine.proposers.surrogate import Features
 from engine.replay.simulation import RecordedSpace, fixed_space
 from engine.search.candidates import Candidate
 
@@ -228,6 +236,35 @@ def test_one_slow_reading_of_a_combination_does_not_rule_out_a_value() -> None:
         # An upper-bound pick goes back to NT=1 in the combination that was not tried.
         tried += any(c.params["NT"] == 1 and c.params["FUSED"] == 0 for c in picks[2:])
     assert tried >= 8
+
+
+def test_only_a_cold_search_without_transfer_widens_the_explorers_main_effects(monkeypatch: Any) -> None:
+    rmsnorm = problem_of("rmsnorm")
+    nt = Features(SPACES["rmsnorm"]).index["NT=1"]
+    own = measured("rmsnorm", rmsnorm_speed, every=5)
+    softmax = measured("softmax", lambda p: 2.0 * (1.6 if p["NT"] else 1.0))
+    cases = {
+        "cold": [],
+        "a few settings": own[: COVERING_SETTINGS - 1],
+        "covered": own[:COVERING_SETTINGS],
+        "transfer": softmax,
+    }
+
+    def spreads() -> dict[str, float]:
+        return {
+            name: float(model_of(rmsnorm, {"settings": settings}, EXPLORE_PAIR_FACTOR)[1].covariance()[nt, nt])
+            for name, settings in cases.items()
+        }
+
+    covering = spreads()
+    monkeypatch.setattr(search_proposer, "EXPLORE_MAIN_FACTOR", 1.0)
+    fitted = spreads()
+    # Nothing measured: the prior alone, twice as wide.
+    assert math.isclose(covering["cold"], EXPLORE_MAIN_FACTOR**2 * fitted["cold"], rel_tol=1e-6)
+    assert covering["a few settings"] > 1.5 * fitted["a few settings"]
+    # Once the problem has its own evidence, or its family's, the explorer's main effects are the fitted ones.
+    assert covering["covered"] == fitted["covered"]
+    assert covering["transfer"] == fitted["transfer"]
 
 
 def test_a_wide_or_busy_reading_steers_the_model_less() -> None:

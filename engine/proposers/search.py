@@ -14,12 +14,12 @@ Each generation:
 - the first EXPLOIT_PICKS picks exploit: the best settings under the posterior mean (once there is any
   evidence), anywhere in the space;
 - the other picks take the best upper bound (mean + UCB_KAPPA spreads) under the explorer, the same fit
-  with pair spreads EXPLORE_PAIR_FACTOR times wider (and, until the problem has COVERING_SETTINGS measured
-  settings, main-effect spreads EXPLORE_MAIN_FACTOR times wider): the fitted model may blame one slow
-  combination on a value's main effect and never try the value again, the explorer keeps it worth a try in
-  another combination. Each pick is believed to come back as predicted before the next is chosen, so one
-  generation's picks do not crowd together; every other one is among the incumbent's neighbours (one or two
-  parameters changed) when it has parameters;
+  with pair spreads EXPLORE_PAIR_FACTOR times wider (and, in a cold search without transfer until the
+  problem has COVERING_SETTINGS measured settings, main-effect spreads EXPLORE_MAIN_FACTOR times wider): the
+  fitted model may blame one slow combination on a value's main effect and never try the value again, the
+  explorer keeps it worth a try in another combination. Each pick is believed to come back as predicted
+  before the next is chosen, so one generation's picks do not crowd together; every other one is among the
+  incumbent's neighbours (one or two parameters changed) when it has parameters;
 - a cold search covers the space's structure through the upper bound itself: a parameter value (or pair)
   nothing has tried keeps its whole prior spread, so the settings that try untried values and the pairs the
   model is least sure of score highest until they are measured. A pick's rationale names the values it tries
@@ -91,13 +91,15 @@ kda (0.92 -> 0.88) and bias_gelu (0.57 -> 0.53), whose landscapes are mostly mai
 
 EXPLORE_MAIN_FACTOR = 2.0
 """How much wider the main-effect spreads are in the explorer than in the fitted model while the problem has
-fewer than COVERING_SETTINGS measured settings of its own: a cold search's covering phase. Two slow readings
-of a value, each in a combination that was slow for another reason, otherwise rule the value out: replayed on
-add_rmsnorm, NT=1 read slow once with FUSED=1 and once with ROWS=4 ACC=1 (a rare slow corner), and the search
-never tried NT=1 again, though its fast settings all have NT=1. Replayed on this machine's seven landscapes
-(250 searches per problem, seeds 0-99 and 1000-1149, mean score over problems at budgets 8/16/32): factor 1
-0.34/0.61/0.91, 2 until 12 settings 0.38/0.66/0.91. Kept for the whole search (2 always) it scored 0.87 at 32
-on seeds 0-99: wide main effects keep pulling picks to values already known to be slow."""
+fewer than COVERING_SETTINGS measured settings of its own and nothing transferred from its family: a cold
+search's covering phase. Early on, a value's main effect rests on one or two readings in combinations that
+may be slow for other reasons: replayed on add_rmsnorm, NT=1 read slow with FUSED=1 in the first generation
+and 2 searches in 30 never tried NT=1 again (every fast setting has it, with FUSED=0); with the covering phase
+those two searches tried NT=1 FUSED=0 at their 7th and 11th evaluation and scored 0.1 and 1.0 at budget 16
+instead of -4.5 and -4.8. Replayed on this machine's seven landscapes (250 searches per problem, seeds 0-99 and
+1000-1149, mean score over problems at budgets 8/16/32): factor 1 0.34/0.61/0.91, 2 until 12 settings
+0.38/0.66/0.91. Kept for the whole search it scored 0.87 at 32 on seeds 0-99 (0.93 without): wide main
+effects keep pulling picks to values already known to be slow."""
 
 COVERING_SETTINGS = 12
 """Measured settings of the problem itself after which the explorer's main effects are the fitted ones."""
@@ -321,7 +323,8 @@ def model_of(
     names are returned), weighed by how well that prior predicted the problem's own measurements. The
     explorer is the same fit with the pair spread ``pair_factor`` times larger (see EXPLORE_PAIR_FACTOR) and,
     while the problem has fewer than COVERING_SETTINGS measured settings, the main-effect spread
-    EXPLORE_MAIN_FACTOR times larger; with a factor of 1 it is the posterior itself."""
+    EXPLORE_MAIN_FACTOR times larger (unless its family transferred means); with a factor of 1 it is the
+    posterior itself."""
     features = Features(problem.template_params)
     by_problem: dict[str, list[Observation]] = defaultdict(list)
     for setting in (lessons or {}).get("settings") or []:
@@ -354,7 +357,9 @@ def model_of(
     posterior = fit_with_transfer(features, own, prior_mean)
     if pair_factor == 1.0:
         return posterior, posterior, transferred
-    main_factor = EXPLORE_MAIN_FACTOR if len(own) < COVERING_SETTINGS else 1.0
+    # Only a search with nothing to go on covers: transferred means are the family's evidence, and wider
+    # main effects would let the upper bound override them (a transfer search then tried SIMD=1 VEC=0).
+    main_factor = EXPLORE_MAIN_FACTOR if len(own) < COVERING_SETTINGS and not prior_mean else 1.0
     explorer = fit_with_transfer(features, own, prior_mean, posterior.scales.widened(pair_factor, main_factor))
     return posterior, explorer, transferred
 
