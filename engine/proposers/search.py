@@ -357,8 +357,9 @@ def model_of(
     posterior = fit_with_transfer(features, own, prior_mean)
     if pair_factor == 1.0:
         return posterior, posterior, transferred
-    # Only a search with nothing to go on covers: transferred means are the family's evidence, and wider
-    # main effects would let the upper bound override them (a transfer search then tried SIMD=1 VEC=0).
+    # Only a search with nothing to go on covers: transferred means are the family's evidence, and wider main
+    # effects would let the upper bound override them. The covering phase was measured on cold replays only;
+    # transfer searches keep the explorer they had.
     main_factor = EXPLORE_MAIN_FACTOR if len(own) < COVERING_SETTINGS and not prior_mean else 1.0
     explorer = fit_with_transfer(features, own, prior_mean, posterior.scales.widened(pair_factor, main_factor))
     return posterior, explorer, transferred
