@@ -153,6 +153,9 @@ def test_a_playoff_challenger_is_one_not_known_to_be_slower_than_the_incumbent()
     assert could_beat(timed(0.283, 0.95, "A"), incumbent)  # its speedup interval reaches the incumbent's
     # numpy ran faster in its run, so its speedup reads low, but head to head it is as fast as the incumbent
     assert could_beat(timed(0.274, 1.029, "A"), incumbent)
+    # Histories recorded before the head-to-head rule replay with the speedup interval alone.
+    assert not could_beat(timed(0.274, 1.029, "A"), incumbent, head_to_head=False)
+    assert could_beat(timed(0.283, 0.95, "A"), incumbent, head_to_head=False)
     # the same ratio against an earlier incumbent says nothing about this one
     assert not could_beat(timed(0.274, 1.029, "older"), incumbent)
     assert not could_beat(timed(0.274, 1.029, None), incumbent)

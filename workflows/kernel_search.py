@@ -389,12 +389,7 @@ class KernelSearch:
             c
             for c in state.contenders
             if c.candidate.candidate_id != incumbent.candidate.candidate_id
-            and c.outcome.artifact_id is not None
-            and (
-                could_beat(c.outcome, incumbent)
-                if head_to_head
-                else (c.outcome.speedup_ci_high or c.outcome.speedup or 0.0) >= incumbent.ci_low
-            )
+            and could_beat(c.outcome, incumbent, head_to_head)
         ][:PLAYOFF_CONTENDERS]
         if not challengers:
             return

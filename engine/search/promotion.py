@@ -59,16 +59,19 @@ def choose_promotion(outcomes: Sequence[CandidateOutcome], policy: PromotionPoli
     return max(eligible, key=lambda o: (o.ratio_ci_low or 0.0, o.ratio or 0.0, o.candidate_id))
 
 
-def could_beat(outcome: CandidateOutcome, incumbent: Incumbent) -> bool:
+def could_beat(outcome: CandidateOutcome, incumbent: Incumbent, head_to_head: bool = True) -> bool:
     """True when a correct, timed ``outcome`` is not known to be slower than ``incumbent``: a challenger for the
-    final playoff. Either its speedup interval over numpy reaches the incumbent's lower end, or it was timed head
-    to head against this incumbent and its ratio's interval reaches 1. The head-to-head ratio is the sturdier
-    figure: two speedups over numpy come from different runs, and numpy's own timing drifts between them (a
-    copy kernel timed 1.00x [0.98, 1.04] against the incumbent read 0.268x numpy against the incumbent's
-    0.286x [0.279, 0.294])."""
+    final playoff. Either its speedup interval over numpy reaches the incumbent's lower end, or (with
+    ``head_to_head``; without it is the rule of histories recorded before) it was timed head to head against
+    this incumbent and its ratio's interval reaches 1. The head-to-head ratio is the sturdier figure: two
+    speedups over numpy come from different runs, and numpy's own timing drifts between them (a copy kernel
+    timed 1.00x [0.98, 1.04] against the incumbent read 0.268x numpy against the incumbent's 0.286x
+    [0.279, 0.294])."""
     if outcome.verdict != "ok" or outcome.artifact_id is None:
         return False
     if (outcome.speedup_ci_high or outcome.speedup or 0.0) >= incumbent.ci_low:
         return True
+    if not head_to_head:
+        return False
     ratio_high = outcome.ratio_ci_high if outcome.ratio_ci_high is not None else outcome.ratio
     return outcome.timed_against == incumbent.artifact_id and ratio_high is not None and ratio_high >= 1.0
