@@ -94,19 +94,27 @@ def test_space_is_large_and_every_value_is_reachable(name: str) -> None:
 
 def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) -> None:
     """Validation draws a few thousand z; the cheapest erf and exp polynomials are checked on a dense grid of
-    z across the whole range where gelu is neither z nor 0, plus the cancellation tail (z < -3)."""
+    z across the whole range where gelu is neither z nor 0, plus the cancellation tail (z < -3), and the
+    piecewise erfc at every piece's ends."""
     problem = load_problem("bias_gelu")
-    z = np.concatenate([np.linspace(-8.0, 8.0, 400_000), np.linspace(-6.0, -2.0, 400_000)]).astype(np.float32)
+    ends = np.arange(33) / 8.0 * math.sqrt(2.0)
+    near_ends = np.concatenate([ends + d for d in (-1e-6, 0.0, 1e-6)])
+    z = np.concatenate(
+        [np.linspace(-8.0, 8.0, 400_000), np.linspace(-6.0, -2.0, 400_000), near_ends, -near_ends, np.zeros(802)]
+    ).astype(np.float32)
     cols = 1000
     x = np.ascontiguousarray(z.reshape(-1, cols))
     b = np.zeros(cols, dtype=np.float32)
     shape = {"rows": x.shape[0], "cols": cols}
     expected = problem.reference({"x": x, "b": b}, shape)["y"]
     atol, rtol = problem.tolerance("float32", shape, {"x": x, "b": b})
-    base = {"VEC": 512, "SIMD": 0, "UNROLL": 2, "NT": 0, "PF": 0, "ALIGN": 1}
+    base = {"VEC": 512, "SIMD": 0, "UNROLL": 2, "NT": 0, "PF": 0, "ALIGN": 1, "ROWS": 1}
     for params in (
         base | {"ERF": "cheb", "DEG": 11, "EXP": "inline4"},
         base | {"ERF": "poly", "DEG": 14, "EXP": "inline4"},
+        # The piecewise erfc, with its coefficients permuted across two registers (512) and four (256).
+        base | {"ERF": "table", "DEG": 14, "EXP": "inline4"},
+        base | {"ERF": "table", "DEG": 14, "EXP": "inline4", "VEC": 256, "ROWS": 4},
     ):
         assert problem.template_allows(params)
         compiled = compile_source(problem, problem.render_template(params), cache_dir=tmp_path)

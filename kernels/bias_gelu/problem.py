@@ -50,7 +50,7 @@ SEED = "seed.c"
 TEMPLATE = "template.c"
 TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "VEC": [0, 256, 512],
-    "ERF": ["libm", "erfc", "poly", "cheb"],
+    "ERF": ["libm", "erfc", "poly", "cheb", "table"],
     # Degree of the "cheb" erfcx polynomial; 10 (relative error ~2e-5) would break rtol 1e-5. Every allowed
     # (ERF, DEG, EXP) stays below half the tolerance on a dense grid of z (tests/test_template_spaces.py).
     "DEG": [11, 12, 13, 14],
@@ -60,6 +60,7 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "NT": [0, 1],
     "PF": [0, 1024, 4096],
     "ALIGN": [0, 1],
+    "ROWS": [1, 2, 4, 8],
 }
 _EDGE_VALUES = [0.0, -0.0, 1e-30, -1e-30, 1e-6, -1e-6, 3.0, -3.0, -5.5, 5.5, -9.0, 9.0, -1e4, 1e4, -1e30, 1e30]
 
@@ -68,8 +69,9 @@ def template_allows(params: dict[str, Any]) -> bool:
     """Settings that are pointless, duplicates or impossible are skipped: library calls (ERF libm or erfc,
     EXP libm) and omp simd are the plain-C path's (VEC 0); UNROLL interleaves iterations by hand, which SIMD
     leaves to the compiler; EXP only matters for the formulas that call exp themselves, DEG only for
-    "cheb"; streaming stores need explicit vectors and an aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a
-    vector width (VEC > 0)."""
+    "cheb"; "table" needs explicit vectors (its coefficients are permuted across lanes) and calls no exp
+    (EXP inline4 stands for it); streaming stores need explicit vectors and an aligned loop (VEC > 0,
+    ALIGN 1); ALIGN peels to a vector width and ROWS interleaves vector loops (VEC > 0)."""
     vec, erf, exp = params["VEC"], params["ERF"], params["EXP"]
     if vec and (erf in ("libm", "erfc") or exp == "libm" or params["SIMD"]):
         return False
@@ -79,7 +81,11 @@ def template_allows(params: dict[str, Any]) -> bool:
         return False
     if erf != "cheb" and params["DEG"] != 14:
         return False
+    if erf == "table" and (vec == 0 or exp != "inline4"):
+        return False
     if params["NT"] and (vec == 0 or not params["ALIGN"]):
+        return False
+    if params["ROWS"] > 1 and vec == 0:
         return False
     return not (params["ALIGN"] and vec == 0)
 

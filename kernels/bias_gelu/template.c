@@ -7,7 +7,8 @@
  *           inline rational-exponential approximation (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7) with
  *           one division; "cheb" erfc(a) = erfcx(a) exp(-a^2) with erfcx(a) = exp(a^2) erfc(a) a
  *           polynomial of degree DEG on [0, 4], no division; past a = 4 (|z| > 5.66) gelu(z) is z or 0 to
- *           within 5e-8
+ *           within 5e-8; "table" erfc(a) in 32 pieces on [0, 4), a cubic each, whose coefficients are picked
+ *           lane by lane from registers (permutes), with neither exp nor division (VEC > 0 only)
  *   DEG     degree of the erfcx polynomial of "cheb" (relative error in float32: 11 ~5e-6, 12 ~1.6e-6,
  *           13 ~6e-7, 14 ~2.5e-7; 10, ~2e-5, would break the 1e-5 tolerance)
  *   EXP     exp(-a^2) in "poly" and "cheb": "libm" expf (a vector library call under -ffast-math; VEC 0
@@ -20,7 +21,9 @@
  *           memory first (x86 only, plain stores elsewhere; needs ALIGN 1 and VEC > 0); an sfence before
  *           returning orders them
  *   PF      software prefetch of x this many bytes ahead of the loads (0: none)
- *   ALIGN   1: scalar steps until y's address is aligned to the vector width; 0: start at once
+ *   ALIGN   1: scalar steps until y's address is aligned to each row's vector width; 0: start at once
+ *   ROWS    rows processed together (VEC > 0): their vector loops are interleaved, so ROWS memory streams
+ *           are read at once and more misses are in flight (the hardware prefetcher follows each)
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,6 +36,7 @@
 #define KF_ERF_erfc 1
 #define KF_ERF_poly 2
 #define KF_ERF_cheb 3
+#define KF_ERF_table 4
 #define ERF KF_ERF_{{ERF}}
 #define DEG {{DEG}}
 #define KF_EXP_libm 0
@@ -46,6 +50,7 @@
 #define NT {{NT}}
 #define PF {{PF}}
 #define ALIGN {{ALIGN}}
+#define ROWS {{ROWS}}
 
 #if VEC == 512
 #pragma GCC target("prefer-vector-width=512")
@@ -134,6 +139,70 @@ static inline kf_v kf_exp(kf_v x) {
 }
 #endif
 
+#if ERF == KF_ERF_table
+/* erfc(a) / 2 on piece i = floor(8a) of [0, 4) is a cubic in u = 8a - i, u in [0, 1): coefficients (highest
+ * power first) fitted to minimise the largest absolute error on each piece (iteratively reweighted least squares
+ * on 400 Chebyshev points; gelu's error stays below 0.12 of the tolerance, tests/test_template_spaces.py). The
+ * last piece (a >= 31/8, |z| > 5.48) is 0: there erfc(a) < 5e-8 and gelu(z) is z or 0 to within 1.3e-7. The
+ * halving saves gelu a multiply. */
+#define KF_PIECES 32
+static const float kf_erfc_piece[4][KF_PIECES] = {
+    {
+        3.623893426e-04f, 3.291517787e-04f, 2.677069861e-04f, 1.870570122e-04f,
+        9.835164383e-05f, 1.275934028e-05f, -6.044739348e-05f, -1.151846591e-04f,
+        -1.490286522e-04f, -1.629017788e-04f, -1.601861004e-04f, -1.455982274e-04f,
+        -1.240879647e-04f, -1.000103075e-04f, -7.664703298e-05f, -5.606949344e-05f,
+        -3.925746569e-05f, -2.636118006e-05f, -1.700325083e-05f, -1.054766290e-05f,
+        -6.298899734e-06f, -3.624145620e-06f, -2.010328899e-06f, -1.075698492e-06f,
+        -5.554950917e-07f, -2.769561434e-07f, -1.333624624e-07f, -6.204102476e-08f,
+        -2.789085229e-08f, -1.211945211e-08f, -5.091338018e-09f, 0.000000000e+00f,
+    },
+    {
+        4.169156000e-06f, 1.099032117e-03f, 2.092407085e-03f, 2.898898674e-03f,
+        3.460625885e-03f, 3.753670957e-03f, 3.788027680e-03f, 3.601725446e-03f,
+        3.251057817e-03f, 2.799434355e-03f, 2.307226881e-03f, 1.824390143e-03f,
+        1.386479824e-03f, 1.014044159e-03f, 7.144932169e-04f, 4.853943246e-04f,
+        3.181522479e-04f, 2.013053017e-04f, 1.230130583e-04f, 7.262518193e-05f,
+        4.143835031e-05f, 2.285682058e-05f, 1.219073238e-05f, 6.288300938e-06f,
+        3.137646900e-06f, 1.514643373e-06f, 7.074774544e-07f, 3.197896206e-07f,
+        1.398986313e-07f, 5.923833868e-08f, 2.428125612e-08f, 0.000000000e+00f,
+    },
+    {
+        -7.052466273e-02f, -6.943327934e-02f, -6.625537574e-02f, -6.127744168e-02f,
+        -5.492947996e-02f, -4.772380739e-02f, -4.018729553e-02f, -3.279940784e-02f,
+        -2.594574913e-02f, -1.989248022e-02f, -1.478201337e-02f, -1.064632833e-02f,
+        -7.431685459e-03f, -5.028002895e-03f, -3.297039540e-03f, -2.095428528e-03f,
+        -1.290747547e-03f, -7.706005126e-04f, -4.458990006e-04f, -2.500706178e-04f,
+        -1.359275921e-04f, -7.160958194e-05f, -3.656394256e-05f, -1.809477362e-05f,
+        -8.679033272e-06f, -4.034664926e-06f, -1.817864018e-06f, -7.938401154e-07f,
+        -3.359868685e-07f, -1.378253529e-07f, -5.479657261e-08f, 0.000000000e+00f,
+    },
+    {
+        5.000000596e-01f, 4.298419952e-01f, 3.618369401e-01f, 2.979417145e-01f,
+        2.397502363e-01f, 1.883797199e-01f, 1.444223076e-01f, 1.079625562e-01f,
+        7.864964753e-02f, 5.580589548e-02f, 3.854991868e-02f, 2.591492608e-02f,
+        1.694738120e-02f, 1.077808626e-02f, 6.664121058e-03f, 4.004934337e-03f,
+        2.338838531e-03f, 1.326993108e-03f, 7.313430542e-04f, 3.914588888e-04f,
+        2.034694335e-04f, 1.026838290e-04f, 5.030857938e-05f, 2.392606984e-05f,
+        1.104451349e-05f, 4.947981779e-06f, 2.151195076e-06f, 9.075460525e-07f,
+        3.715047967e-07f, 1.475500113e-07f, 5.685485860e-08f, 0.000000000e+00f,
+    },
+};
+
+/* Coefficient k of each lane's piece i: a permute across the two (VEC 512) or four (VEC 256) registers that
+ * hold the 32 values, in place of a table load per lane (a gather). */
+static inline kf_v kf_piece(int k, kf_vi i) {
+    const float *c = kf_erfc_piece[k];
+#if LANES == 16
+    return __builtin_shuffle(KF_LOAD(c), KF_LOAD(c + 16), i);
+#else
+    const kf_v low = __builtin_shuffle(KF_LOAD(c), KF_LOAD(c + 8), i);
+    const kf_v high = __builtin_shuffle(KF_LOAD(c + 16), KF_LOAD(c + 24), i);
+    return KF_SELECT((i & 16) != 0, high, low);
+#endif
+}
+#endif
+
 #if ERF == KF_ERF_cheb
 /* erfcx(a) = exp(a^2) erfc(a) on [0, 4] in powers of s = a/2 - 1: fits that minimise the largest relative
  * error (iteratively reweighted least squares on 16001 points), highest power first. */
@@ -165,18 +234,28 @@ static inline kf_v gelu(kf_v z) {
     return 0.5f * z * (1.0f + erff(z * KF_SQRT1_2));
 #elif ERF == KF_ERF_erfc
     return 0.5f * z * erfcf(-z * KF_SQRT1_2);
+#elif ERF == KF_ERF_table
+    /* Capped below 32 so that a huge or infinite |z| lands in the last piece, not past it. */
+    const kf_v s = KF_MIN(KF_ABS(z) * (8.0f * KF_SQRT1_2), KF_SPLAT(31.99f));
+    const kf_vi i = KF_TO_INT(s);
+    const kf_v u = s - KF_TO_FLOAT(i);
+    kf_v half_tail = kf_piece(0, i);
+    for (int k = 1; k < 4; k++) half_tail = half_tail * u + kf_piece(k, i);
+    /* w = z erfc(|z|/sqrt2) / 2 is gelu(z) for z < 0 (2 Phi(z) without cancellation), z - gelu(z) for z >= 0 */
+    const kf_v w = z * half_tail;
+    return KF_SELECT(z >= 0.0f, z - w, w);
 #else
     const kf_v a = KF_ABS(z) * KF_SQRT1_2;
 #if ERF == KF_ERF_poly
     const kf_v t = 1.0f / (1.0f + 0.3275911f * a);
     const kf_v p = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-#else
+#elif ERF == KF_ERF_cheb
     const kf_v s = 0.5f * KF_MIN(a, KF_SPLAT(4.0f)) - 1.0f;
     kf_v p = KF_SPLAT(kf_erfcx[0]);
     for (int k = 1; k <= DEG; k++) p = p * s + kf_erfcx[k];
 #endif
-    /* p * exp(-a^2) is erfc(|z|/sqrt2): for z < 0 it is 2 Phi(z) without cancellation. */
     const kf_v tail = p * kf_exp(-a * a);
+    /* tail is erfc(|z|/sqrt2): for z < 0 it is 2 Phi(z) without cancellation. */
     return 0.5f * z * KF_SELECT(z >= 0.0f, 2.0f - tail, tail);
 #endif
 }
@@ -216,25 +295,56 @@ static inline void kf_stream(float *p, kf_v v) {
 #define KF_PUT(p, v) KF_STORE((p), (v))
 #endif
 
+#if VEC > 0
+/* nr rows (ROWS, or 1 for the rows left over) from x, y: their vector loops are interleaved, so that nr
+ * streams are read from memory at once; each row is peeled to its own alignment first. */
+static inline void kf_rows(const float *x, const float *b, float *y, int nr, int64_t cols) {
+    const int64_t step = UNROLL * LANES;
+    const float *xr[ROWS], *br[ROWS];
+    float *yr[ROWS];
+    int64_t left[ROWS]; /* columns of each row after its peel */
+    int64_t steps = cols / step;
+    for (int k = 0; k < nr; k++) {
+        int64_t h = 0;
+#if ALIGN
+        /* scalar steps up to y's vector alignment */
+        float *const row = y + k * cols;
+        h = (int64_t)(((uintptr_t)(LANES * 4) - (uintptr_t)row % (LANES * 4)) % (LANES * 4)) / 4;
+        h = h < cols ? h : cols;
+        for (int64_t c = 0; c < h; c++) row[c] = KF_GELU1(x[k * cols + c] + b[c]);
+#endif
+        xr[k] = x + k * cols + h;
+        yr[k] = y + k * cols + h;
+        br[k] = b + h;
+        left[k] = cols - h;
+        steps = left[k] / step < steps ? left[k] / step : steps;
+    }
+    for (int64_t j = 0; j < steps; j++) {
+        const int64_t c = j * step;
+        for (int k = 0; k < nr; k++) {
+            for (int l = 0; l < (step * 4 + 63) / 64; l++) KF_PREFETCH(xr[k] + c + l * 16);
+            for (int u = 0; u < UNROLL; u++)
+                KF_PUT(yr[k] + c + u * LANES, gelu(KF_LOAD(xr[k] + c + u * LANES) + KF_LOAD(br[k] + c + u * LANES)));
+        }
+    }
+    for (int k = 0; k < nr; k++) {
+        int64_t c = steps * step;
+        for (; c + LANES <= left[k]; c += LANES) KF_PUT(yr[k] + c, gelu(KF_LOAD(xr[k] + c) + KF_LOAD(br[k] + c)));
+        for (; c < left[k]; c++) yr[k][c] = KF_GELU1(xr[k][c] + br[k][c]);
+    }
+}
+#endif
+
 void bias_gelu(const float *x, const float *b, float *y, int64_t rows, int64_t cols) {
+#if VEC > 0
+    int64_t r = 0;
+    for (; r + ROWS <= rows; r += ROWS) kf_rows(x + r * cols, b, y + r * cols, ROWS, cols);
+    for (; r < rows; r++) kf_rows(x + r * cols, b, y + r * cols, 1, cols);
+#else
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict xr = x + r * cols;
         float *restrict yr = y + r * cols;
         int64_t c = 0;
-#if VEC > 0
-#if ALIGN
-        /* scalar steps up to y's vector alignment */
-        const int64_t h = (int64_t)(((uintptr_t)(LANES * 4) - (uintptr_t)yr % (LANES * 4)) % (LANES * 4)) / 4;
-        for (; c < h && c < cols; c++) yr[c] = KF_GELU1(xr[c] + b[c]);
-#endif
-        for (; c + UNROLL * LANES <= cols; c += UNROLL * LANES) {
-            for (int l = 0; l < (UNROLL * LANES * 4 + 63) / 64; l++) KF_PREFETCH(xr + c + l * 16);
-            for (int u = 0; u < UNROLL; u++)
-                KF_PUT(yr + c + u * LANES, gelu(KF_LOAD(xr + c + u * LANES) + KF_LOAD(b + c + u * LANES)));
-        }
-        for (; c + LANES <= cols; c += LANES) KF_PUT(yr + c, gelu(KF_LOAD(xr + c) + KF_LOAD(b + c)));
-        for (; c < cols; c++) yr[c] = KF_GELU1(xr[c] + b[c]);
-#else
 #if UNROLL > 1
         for (; c + UNROLL <= cols; c += UNROLL) {
             KF_PREFETCH(xr + c);
@@ -246,8 +356,8 @@ void bias_gelu(const float *x, const float *b, float *y, int64_t rows, int64_t c
             KF_PREFETCH(xr + i);
             yr[i] = gelu(xr[i] + b[i]);
         }
-#endif
     }
+#endif
 #if KF_STREAMS
     _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
 #endif
