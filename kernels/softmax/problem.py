@@ -48,7 +48,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "NT": [0, 1],
     "PF": [0, 1024],
     "ALIGN": [0, 1],
-    "PIPE": [0, 1],
+    "PIPE": [0, 1, 2],
+    # Rows per block of the PIPE 2 pipeline (named as in rmsnorm's template, whose ROWS interleaves rows too).
+    "ROWS": [1, 2, 4, 8],
 }
 
 
@@ -75,7 +77,9 @@ def template_allows(params: dict[str, Any]) -> bool:
     """Settings that are pointless or duplicates are skipped: SIMD (omp simd) is for the plain-C path (VEC 0);
     streaming stores need explicit vectors and an aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a vector
     width (VEC > 0); the scratch row replaces storing into y (KEEP with FUSED 0); the pipelined loop pairs a
-    separate max pass with a final pass that does not read y (PIPE: VEC > 0, ONLINE 0, FUSED 0)."""
+    separate max pass with a final pass that does not read y (PIPE: VEC > 0, ONLINE 0, FUSED 0); the
+    three-stage pipeline keeps its exponentials in scratch rows (PIPE 2 with KEEP 1), and only it blocks rows
+    (ROWS > 1 with PIPE 2)."""
     vec = params["VEC"]
     if params["SIMD"] and vec != 0:
         return False
@@ -84,6 +88,10 @@ def template_allows(params: dict[str, Any]) -> bool:
     if params["ALIGN"] and vec == 0:
         return False
     if params["KEEP"] and params["FUSED"]:
+        return False
+    if params["PIPE"] == 2 and not params["KEEP"]:
+        return False
+    if params["ROWS"] != 1 and params["PIPE"] != 2:
         return False
     return not (params["PIPE"] and (vec == 0 or params["ONLINE"] or params["FUSED"]))
 
