@@ -30,6 +30,7 @@ whichever is larger, with a generous safety factor (engine.harness.machine).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -45,6 +46,7 @@ from pydantic import BaseModel, Field
 from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
 from engine.harness.driver import Contender, Failed
+from engine.harness.input_memo import memoized_inputs
 from engine.harness.machine import EXCLUSIVE_WAIT_S, MAX_POOL_BYTES, machine_limits
 from engine.harness.sandbox import CpuLease, SandboxLimits
 from engine.harness.stats import speedup_with_intervals, weighted_geomean
@@ -259,6 +261,7 @@ def benchmark_artifact(
         update={"memory_bandwidth_gbs": limits_hw.dram_bandwidth_gbs, "peak_gflops": limits_hw.peak_gflops}
     )
     shapes = problem.benchmark_shapes
+    definition = problem.fingerprint()
     distribution = "normal" if "normal" in problem.distributions else problem.distributions[0]
     slots = [pool_slots(problem, shape, limits_hw.llc_bytes) for shape, _ in shapes]
     pools = [pool for _, _, pool in slots]
@@ -336,7 +339,7 @@ def benchmark_artifact(
             state.update(phase="benchmark", shape=shape)
             seeds = [trial_seed(seed, "benchmark", s, distribution, i) for i in range(n_in)]
             kept: dict[int, dict[str, Any]] = {}
-            prepare = _input_pool(problem, shape, distribution, seeds, n_out, shared, kept)
+            prepare = _input_pool(problem, shape, distribution, seeds, n_out, shared, kept, definition)
             if s == 0:
                 for contender in contenders:
                     contender.wait_ready()
@@ -436,14 +439,18 @@ def _input_pool(
     out_slots: int,
     shared: SharedPool,
     kept: dict[int, dict[str, Any]],
+    definition: str,
 ) -> p.PreparePools:
-    """One shape's input pool, generated once here into the shared pool file for every contender (the same
-    inputs, the same pages, for all), each array page-aligned."""
+    """One shape's input pool, written here into the shared pool file for every contender (the same inputs,
+    the same pages, for all), each array page-aligned; the inputs of a recent benchmark of the same problem
+    ``definition`` (fingerprint) and seeds are not generated again (engine/harness/input_memo.py)."""
     arrays: list[list[p.ArraySpec]] = []
     scalars: list[dict[str, float | int]] = []
     offset = 0
     for seed in seeds:
-        inputs = problem.make_inputs(shape, distribution, seed)
+        inputs = memoized_inputs(
+            definition, shape, distribution, seed, functools.partial(problem.make_inputs, shape, distribution, seed)
+        )
         kept[seed] = inputs  # for checking timed outputs without generating them again
         specs = []
         for q in problem.params:
