@@ -243,7 +243,9 @@ def benchmark_artifact(
 ) -> list[BenchmarkReport]:
     """Time the candidate against every reference point, each in a sandboxed worker of its own, interleaved
     by this process's clock; one report per reference, in order. ``budget_s`` is the time over all shapes
-    (warm-up included); ``noise_floor`` None uses this machine's measured run-level floor."""
+    (warm-up included), split by the shapes' weights; a shape's share is exceeded where MIN_ROUNDS rounds of
+    batches of the least length (see _ShapeTimer.warm_up) take longer. ``noise_floor`` None uses this
+    machine's measured run-level floor."""
     if not references:
         raise ValueError(
             "benchmark_artifact needs at least one reference point, e.g. Reference(kind='numpy', label='numpy')"

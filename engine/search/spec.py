@@ -154,7 +154,10 @@ class SearchSpec(BaseModel):
     threads: int = Field(default=1, ge=1, le=MAX_THREADS, strict=True)
     """Cores a kernel may use while validated and timed."""
     benchmark_seconds: float = Field(default=1.0, gt=0, le=MAX_BENCHMARK_SECONDS, strict=True)
-    """Timing budget of one candidate's benchmark, across its shapes."""
+    """Timing budget of one candidate's benchmark, across its shapes. The timing itself has a minimum: every
+    shape times at least 10 rounds of batches lasting at least 100 handshakes (or 1 ms) of the fastest
+    contender, so a short budget is exceeded (at 0.2 s, softmax's three shapes time for about 2.7 s on the
+    2-core development machine); starting the sandboxes, the input pools and the revalidation come on top."""
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)
     """Seeds the proposers' randomness: the same spec and evidence propose the same candidates. None (the
     default): the search draws a fresh one when it starts and records it in search.started, so two cold
