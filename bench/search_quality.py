@@ -29,6 +29,8 @@ b evaluated):
   repetitions, R(b) is the exact expectation of best(b) for b settings drawn uniformly without
   replacement (random search), and optimum = max(v(seed), max v): 0 is random search's expected best, 1
   the landscape's optimum, negative worse than random (Kernel Tuner's methodology, in speedup terms);
+- score_interval[proposer][problem][b]: its 95% confidence interval over the repetitions' seeds
+  (engine/replay/scoring.py): two proposers' scores differ only where their intervals part;
 - evals_to_95pct[proposer][problem]: the median over repetitions of the evaluations until a setting with
   v >= 0.95 × optimum was evaluated (null when more than half the repetitions did not: within --horizon
   evaluations for our proposers, within the largest budget for Kernel Tuner's; evals_to_95pct_within);
@@ -73,7 +75,7 @@ from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import Proposer
 from engine.replay.landscape import Landscape, stored_recordings
 from engine.replay.recording import DEFAULT_BUDGET_S, DEFAULT_REPEATS, RecordingPlan, record_landscape
-from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score
+from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score, score_interval
 from engine.replay.simulation import DEFAULT_PER_GENERATION, ReplayLessons, recorded_space, replay_search
 
 DEFAULT_MAX_SETTINGS = 128
@@ -279,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return figures
     budgets = list(BUDGETS)
     scores: dict[str, dict[str, dict[str, float | None]]] = {}
+    intervals: dict[str, dict[str, dict[str, list[float] | None]]] = {}
     evals: dict[str, dict[str, float | None]] = {}
     seconds: dict[str, dict[str, float]] = {}
     failures: dict[str, dict[str, str]] = {}
@@ -286,6 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def scored(who: str, name: str, landscape: Landscape, by_budget: dict[int, list[list[float | None]]]) -> None:
         scores.setdefault(who, {})[name] = {str(b): score(landscape, by_budget[b], b) for b in budgets}
+        intervals.setdefault(who, {})[name] = {
+            str(b): None if (ci := score_interval(landscape, by_budget[b], b)) is None else [round(x, 3) for x in ci]
+            for b in budgets
+        }
         longest = by_budget[max(by_budget)]
         evals.setdefault(who, {})[name] = median_evals_to(landscape, longest, 0.95)
 
@@ -297,7 +304,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs = replay_proposer(who, problem, landscape, args.repetitions, horizon, args.per_generation)
             seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.repetitions, 1)
             scored(who, name, landscape, {b: runs for b in budgets} | {horizon: runs})
-            say(f"{name} {who}: score {scores[who][name]}, evals_to_95pct {evals[who][name]}")
+            say(
+                f"{name} {who}: score {scores[who][name]} (95% {intervals[who][name]}), "
+                f"evals_to_95pct {evals[who][name]}"
+            )
             if who == "search":
                 reps = max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
                 warm[name] = replay_warm(who, problem, landscape, reps, WARM_BUDGET, args.per_generation)
@@ -314,9 +324,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 failures.setdefault(who, {})[name] = f"{len(errors)} searches raised, e.g. {errors[0][:200]}"
             seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.kernel_tuner_repetitions, 1)
             scored(who, name, landscape, by_budget)
-            say(f"{name} {who}: score {scores[who][name]}, evals_to_95pct {evals[who][name]}")
+            say(
+                f"{name} {who}: score {scores[who][name]} (95% {intervals[who][name]}), "
+                f"evals_to_95pct {evals[who][name]}"
+            )
     figures |= {
         "score": scores,
+        "score_interval": intervals,
         "evals_to_95pct": evals,
         "repetitions": {"proposers": args.repetitions, "kernel_tuner": args.kernel_tuner_repetitions},
         # evals_to_95pct looks this far: a replayed proposer's searches run to the horizon, Kernel Tuner's

@@ -33,7 +33,7 @@ from engine.replay.landscape import (
     stream_of,
 )
 from engine.replay.recording import RecordingPlan, record_landscape
-from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score
+from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score, score_interval
 from engine.replay.simulation import ReplayLessons, recorded_space, replay_search
 from engine.search.candidates import Candidate
 from engine.search.spec import PromotionPolicy
@@ -139,6 +139,24 @@ def test_random_search_scores_about_zero_and_the_oracle_one() -> None:
         assert abs(score(landscape, random_runs, budget) or 0.0) < 0.15
         assert score(landscape, oracle_runs, budget) == pytest.approx(1.0)
     assert median_evals_to(landscape, oracle_runs, 0.95) == 1
+
+
+def test_the_score_interval_holds_the_score_and_narrows_with_more_searches() -> None:
+    problem, landscape = toy_landscape()
+    runs = values(
+        [replay_search(RandomTemplateProposer(), problem, landscape, evaluations=8, seed=s) for s in range(160)]
+    )
+    point = score(landscape, runs, 8)
+    few, many = score_interval(landscape, runs[:20], 8), score_interval(landscape, runs, 8)
+    assert point is not None and few is not None and many is not None
+    assert many[0] < point < many[1]
+    assert many[1] - many[0] < 0.6 * (few[1] - few[0])  # about 1/sqrt(8) as wide with 8 times the searches
+    # Random search's expected score is 0 by construction: its interval holds it.
+    assert many[0] < 0.0 < many[1], many
+    # Searches that all ended alike leave nothing to doubt; one search gives no spread to go by.
+    alike = score_interval(landscape, [runs[0]] * 5, 8)
+    assert alike is not None and alike[0] == pytest.approx(alike[1]) == pytest.approx(score(landscape, [runs[0]], 8))
+    assert score_interval(landscape, runs[:1], 8) is None
 
 
 def test_the_search_proposer_is_well_above_random_at_budget_16() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from statistics import NormalDist
 
 from engine.replay.landscape import Landscape
 
@@ -59,6 +60,26 @@ def score(landscape: Landscape, searches: Sequence[Sequence[float | None]], budg
     if span <= 1e-12 * max(landscape.optimum, 1.0):
         return 1.0 if expected >= landscape.optimum * (1 - 1e-12) else 0.0
     return (expected - baseline) / span
+
+
+def score_interval(
+    landscape: Landscape, searches: Sequence[Sequence[float | None]], budget: int, confidence: float = 0.95
+) -> tuple[float, float] | None:
+    """A ``confidence`` interval for score(budget) from the spread of the searches' best(budget) (the normal
+    approximation to their mean; R(b) and the optimum are exact): how far the score could move with another
+    set of seeds, which a difference between two proposers must exceed to mean anything. A few searches that
+    miss the landscape's fast corner pull the mean far down, so the interval is wide where the searches
+    disagree. None without two searches or a span to scale by."""
+    if len(searches) < 2:
+        return None
+    bests = [best_at(values, budget, landscape.floor) for values in searches]
+    baseline = random_expected_best(landscape, budget)
+    span = landscape.optimum - baseline
+    if span <= 1e-12 * max(landscape.optimum, 1.0):
+        return None
+    half = NormalDist().inv_cdf((1 + confidence) / 2) * statistics.stdev(bests) / math.sqrt(len(bests))
+    mean = statistics.fmean(bests)
+    return ((mean - half - baseline) / span, (mean + half - baseline) / span)
 
 
 def evals_to(values: Sequence[float | None], threshold: float) -> int | None:
