@@ -354,17 +354,20 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
                                                            const float *m, const float *f, float *mn, float *s) {
     const int64_t h = aligned ? kf_head(yp, cols) : 0;
     float mx[ROWS], sm[ROWS];
+/* One column of the three stages in scalar code: the head before y's aligned start, and the tail. */
+#define KF_STAGE_COLUMN(i)                                                                                    \
+    do {                                                                                                      \
+        for (int j = 0; j < nn; j++) mx[j] = xn[j * cols + (i)] > mx[j] ? xn[j * cols + (i)] : mx[j];         \
+        for (int j = 0; j < nc; j++) {                                                                        \
+            const float v_ = KF_EXP1(xc[j * cols + (i)] - m[j]);                                              \
+            cur[j * stride + (i)] = v_;                                                                       \
+            sm[j] += v_;                                                                                      \
+        }                                                                                                     \
+        for (int j = 0; j < np; j++) yp[j * cols + (i)] = prev[j * stride + (i)] * f[j];                      \
+    } while (0)
     for (int j = 0; j < nn; j++) mx[j] = xn[j * cols];
     for (int j = 0; j < nc; j++) sm[j] = 0.0f;
-    for (int64_t i = 0; i < h; i++) {
-        for (int j = 0; j < nn; j++) mx[j] = xn[j * cols + i] > mx[j] ? xn[j * cols + i] : mx[j];
-        for (int j = 0; j < nc; j++) {
-            const float v = KF_EXP1(xc[j * cols + i] - m[j]);
-            cur[j * stride + i] = v;
-            sm[j] += v;
-        }
-        for (int j = 0; j < np; j++) yp[j * cols + i] = prev[j * stride + i] * f[j];
-    }
+    for (int64_t i = 0; i < h; i++) KF_STAGE_COLUMN(i);
     /* The rows' maxes and factors are splat where they are used, not kept in registers: with 8 rows, two
      * more vectors a row would spill (AVX-512 folds a splat into the instruction's memory operand). */
     kf_v am[ROWS], as[ROWS];
@@ -403,15 +406,8 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
         mx[j] = a > mx[j] ? a : mx[j];
     }
     for (int j = 0; j < nc; j++) sm[j] += kf_hsum(as[j]);
-    for (; c < cols; c++) {
-        for (int j = 0; j < nn; j++) mx[j] = xn[j * cols + c] > mx[j] ? xn[j * cols + c] : mx[j];
-        for (int j = 0; j < nc; j++) {
-            const float v = KF_EXP1(xc[j * cols + c] - m[j]);
-            cur[j * stride + c] = v;
-            sm[j] += v;
-        }
-        for (int j = 0; j < np; j++) yp[j * cols + c] = prev[j * stride + c] * f[j];
-    }
+    for (; c < cols; c++) KF_STAGE_COLUMN(c);
+#undef KF_STAGE_COLUMN
     for (int j = 0; j < nn; j++) mn[j] = mx[j];
     for (int j = 0; j < nc; j++) s[j] = sm[j];
 }
@@ -420,8 +416,9 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
 void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
     if (cols <= 0 || rows <= 0) return;
     float *scratch = NULL;
-#if KEEP
-    /* The exponentials of the row being reduced (stays in cache for the rows the benchmark uses). */
+#if KEEP && PIPE != 2
+    /* The exponentials of the row being reduced (stays in cache for the rows the benchmark uses); PIPE 2
+     * keeps them in its own scratch rows. */
     scratch = malloc((size_t)cols * sizeof(float));
     if (scratch == NULL) return; /* out of memory: y stays unwritten and the harness says incorrect */
 #endif
@@ -434,8 +431,8 @@ void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
     }
 #endif
 #if PIPE == 2
-    /* Two blocks of scratch rows (the scratch of KEEP is not used): the block being reduced and the block
-     * being written. Stage k reads block k + 1, reduces block k and writes block k - 1, for k = -1 .. B. */
+    /* Two blocks of scratch rows: the block being reduced and the block being written. Stage k reads
+     * block k + 1, reduces block k and writes block k - 1, for k = -1 .. B. */
     const int64_t stride = (cols + 15) & ~(int64_t)15;
     float *pair = aligned_alloc(64, (size_t)(2 * ROWS * stride) * sizeof(float));
     if (pair == NULL) {
