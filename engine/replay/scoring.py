@@ -55,11 +55,19 @@ def score(landscape: Landscape, searches: Sequence[Sequence[float | None]], budg
     if not searches:
         return None
     expected = statistics.fmean(best_at(values, budget, landscape.floor) for values in searches)
+    scale = _scale(landscape, budget)
+    if scale is None:
+        return 1.0 if expected >= landscape.optimum * (1 - 1e-12) else 0.0
+    baseline, span = scale
+    return (expected - baseline) / span
+
+
+def _scale(landscape: Landscape, budget: int) -> tuple[float, float] | None:
+    """(R(budget), optimum - R(budget)): what a mean best(budget) is placed between; None when the span is
+    nil (the budget covers the space)."""
     baseline = random_expected_best(landscape, budget)
     span = landscape.optimum - baseline
-    if span <= 1e-12 * max(landscape.optimum, 1.0):
-        return 1.0 if expected >= landscape.optimum * (1 - 1e-12) else 0.0
-    return (expected - baseline) / span
+    return None if span <= 1e-12 * max(landscape.optimum, 1.0) else (baseline, span)
 
 
 def score_interval(
@@ -72,11 +80,11 @@ def score_interval(
     disagree. None without two searches or a span to scale by."""
     if len(searches) < 2:
         return None
-    bests = [best_at(values, budget, landscape.floor) for values in searches]
-    baseline = random_expected_best(landscape, budget)
-    span = landscape.optimum - baseline
-    if span <= 1e-12 * max(landscape.optimum, 1.0):
+    scale = _scale(landscape, budget)
+    if scale is None:
         return None
+    baseline, span = scale
+    bests = [best_at(values, budget, landscape.floor) for values in searches]
     half = NormalDist().inv_cdf((1 + confidence) / 2) * statistics.stdev(bests) / math.sqrt(len(bests))
     mean = statistics.fmean(bests)
     return ((mean - half - baseline) / span, (mean + half - baseline) / span)
