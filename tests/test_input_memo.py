@@ -61,9 +61,7 @@ def test_the_oldest_inputs_go_first_once_the_memo_is_full(monkeypatch: pytest.Mo
     assert len(calls) == 5
 
 
-def test_a_second_benchmark_of_the_same_seed_reuses_the_pools_and_agrees(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_second_benchmark_of_the_same_seed_reuses_the_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     problem = load_problem(str(COPY_PROBLEM))
     compiled = compile_source(problem, problem.seed_source(), cache_dir=tmp_path)
     assert compiled.verdict == Verdict.ok and compiled.artifact_id
