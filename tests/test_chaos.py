@@ -21,9 +21,7 @@ pytestmark = pytest.mark.slow
 async def test_a_search_comes_through_chaos_with_an_honest_record() -> None:
     folder = Path(tempfile.mkdtemp(prefix="kf-test-chaos-"))  # not tmp_path: Postgres runs as another user
     # Two generations after the seed's: one for the Temporal restart and the kill storm, one for the outage.
-    # Temporal is down 5 s rather than bench/chaos.py's 15: a completion is lost either way (the proposal is in
-    # flight when it goes), and the suite is shorter by ten seconds of waiting.
-    report = await run_chaos(ChaosConfig(generations=2, temporal_outage_s=5.0), folder)
+    report = await run_chaos(ChaosConfig(generations=2), folder)
     figures = report.figures()
     where = f"(servers' and workers' logs in {folder})"
 
