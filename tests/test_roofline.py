@@ -1,8 +1,13 @@
 """The roofline's denominators: which measured bandwidth a shape's bound divides by, and limits measured
-another way (an older estimator, a torn file) measured again rather than trusted."""
+another way (an older estimator, a torn file) measured again rather than trusted, and measured once when two
+processes ask at the same time."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from engine.hardware import MachineLimits
@@ -62,3 +67,19 @@ def test_limits_measured_another_way_or_torn_are_measured_again(tmp_path: Path) 
     assert _cached(path) is None
     path.write_text(current.model_dump_json()[:40])
     assert _cached(path) is None
+
+
+def test_two_processes_calibrating_one_machine_at_once_measure_it_once() -> None:
+    # Two workers started together: the second waits for the first's measurement and reads it, so both hold
+    # the same record (two measurements of a shared machine never agree to the last digit).
+    machine_dir = tempfile.mkdtemp(prefix="kf-test-calibration-")
+    env = os.environ | {"KF_MACHINE_DIR": machine_dir}
+    script = "from engine.harness.machine import machine_limits; print(machine_limits(1).model_dump_json())"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    records = [process.communicate(timeout=240)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0]
+    first, second = (MachineLimits.model_validate_json(record) for record in records)
+    assert first == second
+    assert first.dram_bandwidth_gbs > 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from engine import config
 from engine.hardware import MachineLimits, hardware_fingerprint, hardware_key, llc_bytes
 from engine.harness import protocol as p
+from engine.harness.calibration_lock import calibration_lock
 from engine.harness.driver import Contender, Failed
 from engine.harness.sandbox import CpuLease, SandboxLimits
 
@@ -43,11 +44,14 @@ def machine_limits(threads: int = 1, cache_dir: Path | None = None, *, isolation
         path = config.machine_dir(cache_dir) / f"limits-{key}.json"
         limits = _cached(path)
         if limits is None:
-            limits = _calibrate(key, threads, cache_dir, isolation)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(limits.model_dump_json())
-            tmp.replace(path)
+            with calibration_lock(path):
+                # Another process may have measured while this one waited for the lock.
+                limits = _cached(path)
+                if limits is None:
+                    limits = _calibrate(key, threads, cache_dir, isolation)
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(limits.model_dump_json())
+                    tmp.replace(path)
         _limits_memo[key] = limits
         return limits
 

@@ -64,6 +64,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from engine import config
 from engine.hardware import hardware_fingerprint, hardware_key
+from engine.harness.calibration_lock import calibration_lock
 
 __all__ = ["NoiseFloor", "ShapeSpread", "estimate_floor", "machine_noise_floor"]
 
@@ -200,11 +201,14 @@ def machine_noise_floor(threads: int = 1, cache_dir: Path | None = None, *, isol
         path = config.machine_dir(cache_dir) / f"noise-{key}.json"
         noise = _read_cached(path, key)
         if noise is None:
-            noise = _measure(key, threads, cache_dir, isolation)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(noise.model_dump_json(indent=1))
-            tmp.replace(path)
+            with calibration_lock(path):
+                # Another process may have measured while this one waited for the lock.
+                noise = _read_cached(path, key)
+                if noise is None:
+                    noise = _measure(key, threads, cache_dir, isolation)
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(noise.model_dump_json(indent=1))
+                    tmp.replace(path)
         _floor_memo[key] = noise
         return noise
 
