@@ -23,8 +23,11 @@ lint: $(BIN)/kf
 typecheck: $(BIN)/kf
 	$(BIN)/mypy
 
+# Two test processes: most of the suite's time is end-to-end tests waiting on servers, outages and sandboxed
+# children, so two overlap well even on two cores. Whole files go to one process (--dist loadfile), so a
+# module's fixtures (compiled spaces, a search run once for several checks) are not built twice.
 unit: $(BIN)/kf
-	$(BIN)/pytest -q --durations=30
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=30
 
 up: $(BIN)/kf
 	$(BIN)/kf up
