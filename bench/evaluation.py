@@ -29,6 +29,11 @@ Measures, with the default budgets unless told otherwise, in a fresh cache folde
   ``--roofline-only`` prints only this section (and the machine's figures). The DRAM bandwidth is measured
   in the roofline model's currency (bytes read + written per second: the best of a read stream and a large
   copy counted as two streams, engine/harness/machine.py), on a working set as large as the largest pool.
+  That bandwidth is measured once per machine, so on a shared machine it may be another hour's: each
+  memory-bound problem is also timed against its streaming copy (engine/harness/stream_copy.py: its bytes
+  moved with streaming stores, nothing computed) as a reference in the same rounds, and copy_fraction is the
+  copy's time for the kernel's bytes over the kernel's time (median and range over repeats, the range of the
+  repeats' intervals, the copy's GB/s, and the same target judged against it: target_vs_copy).
 The machine is shared: its load average is printed too, and every figure moves with it.
 """
 
@@ -56,8 +61,9 @@ from engine.harness.cpu import compile_source
 from engine.harness.machine import machine_limits
 from engine.harness.noise import machine_noise_floor
 from engine.harness.sandbox import describe_isolation
+from engine.harness.stream_copy import copy_bytes, stream_copy_source
 from engine.harness.validation import validate_artifact
-from engine.harness.verdicts import Verdict
+from engine.harness.verdicts import ShapeTiming, Verdict
 from engine.problems import Problem, builtin_problems, load_problem
 from engine.proposers.random_template import template_space
 
@@ -296,6 +302,32 @@ def _template_artifact(problem: Problem, params: dict[str, Any], cache: Path) ->
     return compiled.artifact_id if compiled.verdict == Verdict.ok else None
 
 
+def _stream_copy_artifact(problem: Problem, cache: Path) -> str | None:
+    source = stream_copy_source(problem)
+    if source is None:
+        return None
+    compiled = compile_source(problem, source, cache_dir=cache)
+    return compiled.artifact_id if compiled.verdict == Verdict.ok else None
+
+
+def _against_copy(
+    problem: Problem, shape: dict[str, int], timings: list[ShapeTiming], model_bytes: int
+) -> dict[str, Any]:
+    """The kernel against the problem's streaming copy timed in the same rounds: the copy's time for the kernel's
+    bytes over the kernel's time (median over repeats, with the range of the repeats' intervals), and the
+    bandwidth the copy reached, which is the DRAM roofline of that hour of a shared machine."""
+    scale = model_bytes / copy_bytes(problem, shape)
+    fractions = sorted(t.ratio * scale for t in timings)
+    median = statistics.median(fractions)
+    return {
+        "copy_fraction": median,
+        "copy_fraction_range": [fractions[0], fractions[-1]],
+        "copy_fraction_ci": [min(t.ci_low for t in timings) * scale, max(t.ci_high for t in timings) * scale],
+        "copy_gbs": statistics.median(copy_bytes(problem, shape) / t.reference_ns for t in timings),
+        "target_vs_copy": "met" if median >= ROOFLINE_TARGET else "missed",
+    }
+
+
 def _numpy() -> list[Reference]:
     return [Reference(kind="numpy", label="numpy")]
 
@@ -345,12 +377,17 @@ def roofline_fraction_best(
         params, tried = best_setting(problem, cache, sweep, seed)
         artifact_id = _template_artifact(problem, params, cache)
         assert artifact_id is not None, f"{name} {params} does not compile"
-        runs = []
+        references = _numpy()
+        copy_id = _stream_copy_artifact(problem, cache) if name in MEMORY_BOUND else None
+        if copy_id is not None:
+            references.append(Reference(kind="artifact", artifact_id=copy_id, label="stream copy"))
+        runs, copies = [], []
         for repeat in range(repeats):
-            (report,) = benchmark_artifact(
-                problem, artifact_id, _numpy(), budget_s=budget, cache_dir=cache, seed=seed + repeat
+            report, *copy = benchmark_artifact(
+                problem, artifact_id, references, budget_s=budget, cache_dir=cache, seed=seed + repeat
             )
             runs.append(report)
+            copies.extend(c for c in copy if c.verdict == Verdict.ok)
             print(f"  roofline {name} run {repeat + 1}/{repeats}: {report.message}", file=sys.stderr, flush=True)
         shapes = []
         for i, (shape, weight) in enumerate(problem.benchmark_shapes):
@@ -380,6 +417,8 @@ def roofline_fraction_best(
             }
             if name in MEMORY_BOUND:
                 entry["target"] = "met" if median is not None and median >= ROOFLINE_TARGET else "missed"
+            if copies:
+                entry |= _against_copy(problem, shape, [c.shapes[i] for c in copies], model.get("bytes", 0))
             shapes.append(entry)
         result["problems"][name] = {
             "setting": params,
@@ -473,6 +512,14 @@ def _print(figures: dict[str, Any], as_json: bool) -> None:
                 f" {shape.get('target', '')}; harness roofline_ns fraction "
                 f"{harness if harness is None else round(harness, 3)}"
             )
+            if "copy_fraction" in shape:
+                low, high = shape["copy_fraction_range"]
+                ci_low, ci_high = shape["copy_fraction_ci"]
+                print(
+                    f"      against a streaming copy in the same rounds ({shape['copy_gbs']:.1f} GB/s): "
+                    f"{shape['copy_fraction']:.3f} [{low:.3f}, {high:.3f}], intervals {ci_low:.3f}-{ci_high:.3f}"
+                    f" {shape['target_vs_copy']}"
+                )
 
 
 if __name__ == "__main__":

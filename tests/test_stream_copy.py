@@ -1,0 +1,81 @@
+"""A problem's streaming copy (the reference bench/evaluation.py times a memory-bound kernel against): it
+compiles for every built-in problem it applies to, moves exactly the bytes of its outputs and same-shaped
+inputs, and writes every output element, aligned or not, whatever the length."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.harness.cpu import compile_source
+from engine.harness.stream_copy import copy_bytes, stream_copy_source
+from engine.harness.verdicts import Verdict
+from engine.problems import builtin_problems, load_problem
+
+MEMORY_BOUND = ("rmsnorm", "l2norm", "add_rmsnorm", "softmax", "bias_gelu")
+
+
+@pytest.mark.parametrize("name", MEMORY_BOUND)
+def test_the_copy_of_every_memory_bound_problem_compiles_in_the_harness(name: str, tmp_path: Path) -> None:
+    problem = load_problem(name)
+    source = stream_copy_source(problem)
+    assert source is not None
+    compiled = compile_source(problem, source, cache_dir=tmp_path)
+    assert compiled.verdict == Verdict.ok, compiled.first_error
+    # Its bytes are the roofline model's, less the row-long inputs (a weight, a bias) it leaves in cache.
+    for shape, _ in problem.benchmark_shapes:
+        model = problem.roofline(shape)["bytes"]
+        assert 0.95 * model <= copy_bytes(problem, shape) <= model
+
+
+def test_a_problem_whose_output_reads_nothing_of_its_shape_has_no_copy() -> None:
+    assert "matmul" in builtin_problems("cpu")
+    assert stream_copy_source(load_problem("matmul")) is None  # C is (m, n), A and B are not
+
+
+def _library(name: str) -> ctypes.CDLL:
+    source = stream_copy_source(load_problem(name))
+    assert source is not None
+    folder = Path(tempfile.mkdtemp(prefix="kf-test-copy-"))
+    (folder / "copy.c").write_text(source)
+    subprocess.run(
+        ["cc", "-O3", "-march=native", "-shared", "-fPIC", str(folder / "copy.c"), "-o", str(folder / "copy.so")],
+        check=True,
+    )
+    return ctypes.CDLL(str(folder / "copy.so"))
+
+
+def _pointer(array: np.ndarray) -> ctypes.c_void_p:
+    return ctypes.c_void_p(array.ctypes.data)
+
+
+@pytest.mark.parametrize(("rows", "cols", "offset"), [(1, 1, 0), (3, 7, 1), (37, 129, 3), (64, 1023, 0), (5, 4099, 5)])
+def test_the_copy_writes_every_output_from_the_sum_of_its_inputs(rows: int, cols: int, offset: int) -> None:
+    # add_rmsnorm: x and residual in, h and y out (one shape), w of one row (not read). The outputs start
+    # ``offset`` floats past an aligned address, so the head, the streamed chunks and the tail all run.
+    library = _library("add_rmsnorm")
+    rng = np.random.default_rng(rows * cols)
+    x, residual = (rng.standard_normal(rows * cols, dtype=np.float32) for _ in range(2))
+    w = np.ones(cols, dtype=np.float32)
+    h_space, y_space = (np.full(rows * cols + offset + 64, np.nan, dtype=np.float32) for _ in range(2))
+    h, y = h_space[offset : offset + rows * cols], y_space[offset : offset + rows * cols]
+    library.add_rmsnorm(
+        _pointer(x),
+        _pointer(residual),
+        _pointer(w),
+        _pointer(h),
+        _pointer(y),
+        ctypes.c_int64(rows),
+        ctypes.c_int64(cols),
+        ctypes.c_float(1e-6),
+    )
+    np.testing.assert_array_equal(h, x + residual)
+    np.testing.assert_array_equal(y, x + residual)
+    # Nothing written before or past the outputs.
+    for space in (h_space, y_space):
+        assert np.isnan(space[:offset]).all() and np.isnan(space[offset + rows * cols :]).all()
