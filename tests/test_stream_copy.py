@@ -8,6 +8,8 @@ import ctypes
 import subprocess
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from engine.harness.cpu import compile_source
 from engine.harness.stream_copy import copy_bytes, stream_copy_source
 from engine.harness.verdicts import Verdict
-from engine.problems import builtin_problems, load_problem
+from engine.problems import Param, Problem, builtin_problems, load_problem
 
 MEMORY_BOUND = ("rmsnorm", "l2norm", "add_rmsnorm", "softmax", "bias_gelu")
 
@@ -41,6 +43,10 @@ def test_a_problem_whose_output_reads_nothing_of_its_shape_has_no_copy() -> None
 def _library(name: str) -> ctypes.CDLL:
     source = stream_copy_source(load_problem(name))
     assert source is not None
+    return _compiled(source)
+
+
+def _compiled(source: str) -> ctypes.CDLL:
     folder = Path(tempfile.mkdtemp(prefix="kf-test-copy-"))
     (folder / "copy.c").write_text(source)
     subprocess.run(
@@ -79,3 +85,25 @@ def test_the_copy_writes_every_output_from_the_sum_of_its_inputs(rows: int, cols
     # Nothing written before or past the outputs.
     for space in (h_space, y_space):
         assert np.isnan(space[:offset]).all() and np.isnan(space[offset + rows * cols :]).all()
+
+
+def test_parameter_names_of_a_users_problem_do_not_collide_with_the_copys_own() -> None:
+    # A user's problem may name its arrays and sizes anything, e.g. i, n, q and t; the copy's locals are kf_*.
+    problem = SimpleNamespace(
+        name="clash",
+        signature="void clash(const float *i, float *n, int64_t q, int64_t t)",
+        params=[
+            Param("i", "in", "float32", ("q", "t")),
+            Param("n", "out", "float32", ("q", "t")),
+            Param("q", "size", "int64"),
+            Param("t", "size", "int64"),
+        ],
+    )
+    source = stream_copy_source(cast(Problem, problem))
+    assert source is not None
+    library = _compiled(source)
+    rows, cols = 9, 130
+    x = np.arange(rows * cols, dtype=np.float32)
+    y = np.full(rows * cols, np.nan, dtype=np.float32)
+    library.clash(_pointer(x), _pointer(y), ctypes.c_int64(rows), ctypes.c_int64(cols))
+    np.testing.assert_array_equal(y, x)

@@ -2,14 +2,15 @@
 nothing else, the practical floor of a memory-bound kernel's time on this machine.
 
 Why: a roofline fraction divides a kernel's time into bytes over a bandwidth measured at another time, and on a
-shared machine the bandwidth moves from hour to hour (a copy read 15 GB/s in one run here and the calibration 25
-in another). Timed as a reference in the same benchmark as the kernel, interleaved round by round, the copy
+shared machine the bandwidth moves from hour to hour (copies timed here read 15-20 GB/s in the hour after a
+calibration of 26). Timed as a reference in the same benchmark as the kernel, interleaved round by round, the copy
 gives the fraction as a paired ratio with an interval: copy time over kernel time.
 
 What the copy does: every float32 output is written once with streaming stores (x86 with AVX-512 or AVX; plain
 stores elsewhere), from the sum of the float32 inputs of the same shape, each read once. Inputs of other shapes
 (a weight row, a bias) are not read: they are a row long and live in cache. Its outputs are not the problem's
-answer, so it is only ever a reference, never validated.
+answer, so it is only ever a reference, never validated. Its locals are named kf_*, which no parameter of a
+problem is expected to be.
 """
 
 from __future__ import annotations
@@ -50,42 +51,42 @@ def stream_copy_source(problem: Problem) -> str | None:
     loops = []
     for shape, inputs, outputs in groups:
         count = " * ".join(f"(int64_t){d}" for d in shape) or "1"
-        scalar = " + ".join(f"{p.name}[i]" for p in inputs)
+        scalar = " + ".join(f"{p.name}[kf_i]" for p in inputs)
         first = outputs[0].name
-        tails = "\n".join(f"            {p.name}[i] = t;" for p in outputs)
+        tails = "\n".join(f"            {p.name}[kf_i] = kf_t;" for p in outputs)
 
         def chunked(put: str, inputs: list[Param] = inputs, outputs: list[Param] = outputs) -> str:
-            total = " + ".join(f"kf_load({p.name} + j)" for p in inputs)
-            stores = "\n".join(f"                    {put}({p.name} + j, s);" for p in outputs)
-            return f"""            for (int64_t c = 0; c < q; c += KF_LANES) {{
+            total = " + ".join(f"kf_load({p.name} + kf_j)" for p in inputs)
+            stores = "\n".join(f"                    {put}({p.name} + kf_j, kf_s);" for p in outputs)
+            return f"""            for (int64_t kf_c = 0; kf_c < kf_q; kf_c += KF_LANES) {{
 #pragma GCC unroll {STREAMS}
-                for (int k = 0; k < KF_STREAMS; k++) {{
-                    const int64_t j = i + k * q + c;
-                    const kf_v s = {total};
+                for (int kf_k = 0; kf_k < KF_STREAMS; kf_k++) {{
+                    const int64_t kf_j = kf_i + kf_k * kf_q + kf_c;
+                    const kf_v kf_s = {total};
 {stores}
                 }}
             }}"""
 
         # The first output is aligned after the head; the others stream only if they are aligned alike.
-        aligned = " && ".join(f"((uintptr_t)({p.name} + i) % KF_ALIGN) == 0" for p in outputs)
+        aligned = " && ".join(f"((uintptr_t)({p.name} + kf_i) % KF_ALIGN) == 0" for p in outputs)
         loops.append(
             f"""    {{
-        const int64_t n = {count};
-        int64_t i = 0;
-        for (; i < n && ((uintptr_t)({first} + i) % KF_ALIGN) != 0; i++) {{
-            const float t = {scalar};
+        const int64_t kf_n = {count};
+        int64_t kf_i = 0;
+        for (; kf_i < kf_n && ((uintptr_t)({first} + kf_i) % KF_ALIGN) != 0; kf_i++) {{
+            const float kf_t = {scalar};
 {tails}
         }}
-        /* KF_STREAMS chunks of q floats, walked together: as many memory streams in flight as a tuned kernel
+        /* KF_STREAMS chunks of kf_q floats, walked together: as many memory streams in flight as a tuned kernel
          * keeps (see STREAMS). */
-        const int64_t q = (n - i) / KF_STREAMS / KF_LANES * KF_LANES;
+        const int64_t kf_q = (kf_n - kf_i) / KF_STREAMS / KF_LANES * KF_LANES;
         if ({aligned}) {{
 {chunked("kf_stream")}
         }} else {{
 {chunked("kf_store")}
         }}
-        for (i += KF_STREAMS * q; i < n; i++) {{
-            const float t = {scalar};
+        for (kf_i += KF_STREAMS * kf_q; kf_i < kf_n; kf_i++) {{
+            const float kf_t = {scalar};
 {tails}
         }}
     }}"""
