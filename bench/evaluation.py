@@ -297,17 +297,18 @@ def seed_speedups(cache: Path, budget: float) -> dict[str, Any]:
     return speedups
 
 
-def _template_artifact(problem: Problem, params: dict[str, Any], cache: Path) -> str | None:
-    compiled = compile_source(problem, problem.render_template(params), cache_dir=cache)
+def _artifact(problem: Problem, source: str, cache: Path) -> str | None:
+    compiled = compile_source(problem, source, cache_dir=cache)
     return compiled.artifact_id if compiled.verdict == Verdict.ok else None
+
+
+def _template_artifact(problem: Problem, params: dict[str, Any], cache: Path) -> str | None:
+    return _artifact(problem, problem.render_template(params), cache)
 
 
 def _stream_copy_artifact(problem: Problem, cache: Path) -> str | None:
     source = stream_copy_source(problem)
-    if source is None:
-        return None
-    compiled = compile_source(problem, source, cache_dir=cache)
-    return compiled.artifact_id if compiled.verdict == Verdict.ok else None
+    return _artifact(problem, source, cache) if source is not None else None
 
 
 def _against_copy(

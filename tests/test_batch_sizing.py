@@ -3,7 +3,8 @@ past its timeout.
 
 The contenders here are simulated (their clocks are arithmetic): what is under test is how the shape timer
 turns a handshake and single-call readings into batch sizes and timeouts, which a real sandboxed worker
-cannot be made to misreport on demand. Real workers time real kernels in test_benchmark*.py.
+cannot be made to misreport on demand. Real workers time real kernels in test_evaluation.py and
+test_judge_integrity.py.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def sized(*contenders: SimulatedContender, budget_s: float = 0.01) -> _ShapeTime
     return timer
 
 
-def longest_batch_s(contender: SimulatedContender, calls: int) -> float:
+def batch_s(contender: SimulatedContender, calls: int) -> float:
     return calls * contender.per_call_ns / 1e9
 
 
@@ -69,7 +70,7 @@ def test_a_handshake_as_long_as_a_call_does_not_size_a_batch_past_its_timeout() 
     assert timer.calls[0] < MAX_BATCH_CALLS
     assert timer.per_call_ns[0] == pytest.approx(150e3, rel=0.05)
     # The batches are about HANDSHAKE_MULTIPLE handshakes long: 200 ms here, not 10 s.
-    assert 0.1 <= longest_batch_s(slow, timer.calls[0]) <= 0.4
+    assert 0.1 <= batch_s(slow, timer.calls[0]) <= 0.4
     rounds: Any = timer.rounds(lambda _round: None)
     assert rounds.shape[0] >= 10
     assert all(calls * slow.per_call_ns < 1e9 for calls, _ in slow.batches)

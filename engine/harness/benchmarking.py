@@ -89,12 +89,12 @@ HANDSHAKE_PINGS = 7
 WARMUP_FRACTION = 0.1
 WARMUP_ROUNDS = 3
 MIN_ROUNDS = 10
+MAX_ROUNDS = 100_000
 # A per-call time estimated below one handshake is checked with batches RAMP_FACTOR times longer each, until one
 # lasts RAMP_HANDSHAKES handshakes; the check's reading wins when it is over RAMP_TRUST times the estimate.
 RAMP_FACTOR = 8
 RAMP_HANDSHAKES = 10
 RAMP_TRUST = 2.0
-MAX_ROUNDS = 100_000
 
 
 class Reference(BaseModel):
