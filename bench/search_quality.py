@@ -2,7 +2,7 @@
 against recorded landscapes, with Kernel Tuner's own strategies as the peer.
 
     .venv/bin/python bench/search_quality.py [--json] [--problems softmax,rmsnorm] [--repetitions 200]
-        [--record] [--max-settings 128] [--stale-ok] [--no-kernel-tuner]
+        [--record] [--max-settings 128] [--stale-ok] [--no-kernel-tuner] [--transfer-repetitions 50]
 
 1. Landscapes (engine/replay/landscape.py, recording.py): every setting of each problem's CPU template space
    (a seeded sample of --max-settings when the space is larger), and the seed kernel, compiled, validated
@@ -38,6 +38,15 @@ b evaluated):
   seed on the cold one's lessons (16 evaluations each, a quarter of --repetitions pairs): remeasured_mean (the
   warm search's evaluations that measured a setting the cold one had measured), new_settings_share,
   beats_cold_share (the warm search found a better setting than the cold one), best_vs_cold_mean;
+- transfer[problem], for each problem with other problems of its family in the run: leave-one-out transfer,
+  replayed (--transfer-repetitions, by default a quarter of --repetitions). Each repetition replays a cold
+  search of each of the family's other problems (16 evaluations on its landscape), then a search of the
+  problem whose only lessons are theirs, with the seed of the cold search it is compared with:
+  evals_to_95pct_cold and evals_to_95pct_transfer (medians, as evals_to_95pct), transfer_vs_cold (their
+  ratio: below 1, transfer saved evaluations), score_cold and score_transfer by budget; the same figures by
+  problem as evals_to_95pct_transfer and transfer_vs_cold, and transfer_target (how many problems meet
+  transfer <= 0.75 x cold). bench/self_improvement.py measures the same with real searches, once per
+  repetition;
 - landscapes[problem]: its settings, space size, failures, optimum, recording and whether it is stale.
 """
 
@@ -92,6 +101,17 @@ WARM_REPETITIONS_DIVISOR = 4
 
 WARM_SEED_OFFSET = 100_003
 """Added to a cold search's seed for the warm search that follows it: another search, another seed."""
+
+TRANSFER_SOURCE_BUDGET = 16
+"""Evaluations of each cold search of another family problem whose lessons a leave-one-out transfer search
+starts from (about what bench/self_improvement.py gives each cold search: 12-14)."""
+
+TRANSFER_SEED_OFFSET = 500_009
+"""Added to a transfer search's seed for the source searches before it: their own seeds, not the target's."""
+
+TRANSFER_TARGET = 0.75
+"""Issue 12's target: a transfer search reaches 95% of the optimum in at most this fraction of the
+evaluations a cold search needs, on most of the family's problems."""
 
 MAX_TIMEOUTS = 3
 """Kernel Tuner searches of one strategy on one problem that may time out before the rest are skipped."""
@@ -207,6 +227,93 @@ def replay_warm(
     }
 
 
+def transfer_sources(problem: Problem, found: dict[str, tuple[Landscape, bool]]) -> list[str]:
+    """The other problems of ``problem``'s family among the landscapes of this run, by name."""
+    return sorted(name for name in found if name != problem.name and load_problem(name).family == problem.family)
+
+
+def replay_transfer(
+    problem: Problem,
+    landscape: Landscape,
+    sources: list[tuple[Problem, Landscape]],
+    repetitions: int,
+    horizon: int,
+    per_generation: int,
+) -> list[list[float | None]]:
+    """Leave-one-out transfer: each repetition replays a cold search of each source problem (another problem
+    of the family, TRANSFER_SOURCE_BUDGET evaluations on its own landscape), then a search of ``problem``
+    whose only lessons are theirs, as a first search of a problem on a log its family has searched before
+    would see them. Its seed is the cold search's of the same repetition (replay_proposer), so the two differ
+    only by the lessons. The landscape values of each transfer search's evaluations, in order."""
+    runs: list[list[float | None]] = []
+    for seed in range(repetitions):
+        family: list[ReplayLessons] = []
+        for source, source_landscape in sources:
+            lessons = ReplayLessons(recorded_space(source, source_landscape), source_landscape.target)
+            replay_search(
+                SearchProposer(),
+                source,
+                source_landscape,
+                evaluations=TRANSFER_SOURCE_BUDGET,
+                seed=seed + TRANSFER_SEED_OFFSET,
+                per_generation=per_generation,
+                lessons=lessons,
+            )
+            family.append(lessons)
+        lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target, family=family)
+        search = replay_search(
+            SearchProposer(),
+            problem,
+            landscape,
+            evaluations=horizon,
+            seed=seed,
+            per_generation=per_generation,
+            lessons=lessons,
+        )
+        runs.append([e.value for e in search])
+    return runs
+
+
+def transfer_row(
+    problem: Problem,
+    landscape: Landscape,
+    found: dict[str, tuple[Landscape, bool]],
+    sources: list[str],
+    cold: list[list[float | None]],
+    horizon: int,
+    per_generation: int,
+) -> dict[str, Any]:
+    """One family problem's transfer figures: its cold searches (the first ``len(cold)`` repetitions of the
+    search proposer's replay, the same seeds) against as many leave-one-out transfer searches."""
+    runs = replay_transfer(
+        problem, landscape, [(load_problem(s), found[s][0]) for s in sources], len(cold), horizon, per_generation
+    )
+    cold_evals = median_evals_to(landscape, cold, 0.95)
+    transfer_evals = median_evals_to(landscape, runs, 0.95)
+    return {
+        "sources": sources,
+        "repetitions": len(runs),
+        "evals_to_95pct_cold": cold_evals,
+        "evals_to_95pct_transfer": transfer_evals,
+        "transfer_vs_cold": (
+            None if cold_evals is None or transfer_evals is None else round(transfer_evals / cold_evals, 3)
+        ),
+        "score_cold": {str(b): score(landscape, cold, b) for b in BUDGETS},
+        "score_transfer": {str(b): score(landscape, runs, b) for b in BUDGETS},
+    }
+
+
+def transfer_target(transfer: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How many family problems' transfer searches reach the mark in at most TRANSFER_TARGET of the cold
+    searches' evaluations (median over repetitions each)."""
+    met = sorted(
+        name
+        for name, row in transfer.items()
+        if row["transfer_vs_cold"] is not None and row["transfer_vs_cold"] <= TRANSFER_TARGET
+    )
+    return {"count": len(met), "of": len(transfer), "ratio": TRANSFER_TARGET, "problems": met}
+
+
 def replay_kernel_tuner(
     strategy: str, landscape: Landscape, repetitions: int, budgets: list[int]
 ) -> tuple[dict[int, list[list[float | None]]], list[str]]:
@@ -268,6 +375,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--kernel-tuner-strategies", default=",".join(kernel_tuner_peer.STRATEGIES))
     parser.add_argument("--kernel-tuner-repetitions", type=int, default=50)
     parser.add_argument("--no-kernel-tuner", action="store_true")
+    parser.add_argument(
+        "--transfer-repetitions",
+        type=int,
+        default=None,
+        help="leave-one-out transfer searches per family problem (default: a quarter of --repetitions; 0: none)",
+    )
     args = parser.parse_args(argv)
     problems = [p for p in args.problems.split(",") if p]
     command = "python bench/search_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -286,6 +399,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seconds: dict[str, dict[str, float]] = {}
     failures: dict[str, dict[str, str]] = {}
     warm: dict[str, dict[str, float]] = {}
+    transfer: dict[str, dict[str, Any]] = {}
+    transfer_reps = (
+        args.transfer_repetitions
+        if args.transfer_repetitions is not None
+        else max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
+    )
 
     def scored(who: str, name: str, landscape: Landscape, by_budget: dict[int, list[list[float | None]]]) -> None:
         scores.setdefault(who, {})[name] = {str(b): score(landscape, by_budget[b], b) for b in budgets}
@@ -312,6 +431,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 reps = max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
                 warm[name] = replay_warm(who, problem, landscape, reps, WARM_BUDGET, args.per_generation)
                 say(f"{name} {who} warm: {warm[name]}")
+                sources = transfer_sources(problem, found)
+                if sources and transfer_reps > 0:
+                    transfer[name] = transfer_row(
+                        problem, landscape, found, sources, runs[:transfer_reps], horizon, args.per_generation
+                    )
+                    say(f"{name} transfer from {', '.join(sources)}: {transfer[name]}")
         why_not = kernel_tuner_peer.available()
         if args.no_kernel_tuner or why_not:
             figures["kernel_tuner"] = "not run" if args.no_kernel_tuner else f"not available: {why_not}"
@@ -340,6 +465,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds_per_search": seconds,
         "kernel_tuner_failures": failures,
         "warm": warm,
+        "transfer": transfer,
+        "evals_to_95pct_transfer": {name: row["evals_to_95pct_transfer"] for name, row in transfer.items()},
+        "transfer_vs_cold": {name: row["transfer_vs_cold"] for name, row in transfer.items()},
+        "transfer_target": transfer_target(transfer),
     }
     figures["targets"] = targets(scores)
     return figures

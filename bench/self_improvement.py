@@ -29,6 +29,8 @@ Figures (objects by problem):
   saved evaluations; null where the transfer search never reached the mark);
 - transfer_target: how many family problems meet transfer <= 0.75 x cold (``count`` of ``of``, the
   ``ratio`` 0.75, and which ``problems``);
+  one real search per problem and repetition is one noisy draw: bench/search_quality.py replays the same
+  leave-one-out transfer on the recorded landscapes, hundreds of searches per problem;
 - best_speedup_factory / best_speedup_random: the best speedup over numpy among the correct kernels of the
   cold search-proposer search (every cold-searched problem) and of random sampling (the ``--warm``
   problems), at the same budget;

@@ -380,3 +380,46 @@ def test_a_replayed_search_re_measures_its_shaky_readings_as_the_workflow_does()
     lessons, _ = replayed(PromotionPolicy(confirm_halfwidth=0.0, steering_remeasures=0))
     assert lessons.remeasures == 0
     assert all(len(s["log_speedup_samples"]) == 1 for s in lessons.settings.values())
+
+
+# -- leave-one-out transfer -------------------------------------------------------------------------------------
+
+
+def test_replayed_family_lessons_reach_the_proposer_under_their_own_problem() -> None:
+    source_problem, source = toy_landscape(problem="rmsnorm")
+    problem, landscape = toy_landscape(problem="l2norm")
+    member = ReplayLessons(recorded_space(source_problem, source), source.target)
+    replay_search(SearchProposer(), source_problem, source, evaluations=8, seed=0, lessons=member)
+    lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target, family=[member])
+    assert lessons.position == member.position  # the family's searches came first on the log
+    before = lessons.lessons()
+    assert {s["problem"] for s in before["settings"]} == {"rmsnorm"}
+    assert before["candidates"] == 0  # the problem's own evidence is still none
+    replay_search(SearchProposer(), problem, landscape, evaluations=4, seed=0, lessons=lessons)
+    after = lessons.lessons()
+    assert {s["problem"] for s in after["settings"]} == {"rmsnorm", "l2norm"}
+    assert after["candidates"] == 5 and after["through_position"] == member.position + 5 + lessons.remeasures
+    # The member's own lessons are unchanged by the search that used them.
+    assert {s["problem"] for s in member.lessons()["settings"]} == {"rmsnorm"}
+
+
+def test_a_transfer_replay_reaches_the_mark_sooner_where_the_family_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    _, source = toy_landscape(problem="rmsnorm")
+    problem, landscape = toy_landscape(problem="l2norm")
+    seeds, horizon = 10, 24
+    cold = values(
+        [replay_search(SearchProposer(), problem, landscape, evaluations=horizon, seed=s) for s in range(seeds)]
+    )
+    found = {"rmsnorm": (source, False), "l2norm": (landscape, False), "kda": (toy_landscape(problem="kda")[1], False)}
+    assert search_quality.transfer_sources(problem, found) == ["rmsnorm"]  # kda is another family
+    row = search_quality.transfer_row(problem, landscape, found, ["rmsnorm"], cold, horizon, 4)
+    assert row["repetitions"] == seeds and row["evals_to_95pct_cold"] == median_evals_to(landscape, cold, 0.95)
+    assert row["evals_to_95pct_transfer"] < row["evals_to_95pct_cold"], row
+    assert row["score_transfer"]["8"] > row["score_cold"]["8"], row
+    rows = {"l2norm": {**row, "transfer_vs_cold": 0.5}, "softmax": {**row, "transfer_vs_cold": 1.2}}
+    rows["rmsnorm"] = {**row, "transfer_vs_cold": None}  # never reached the mark
+    target = search_quality.transfer_target(rows)
+    assert target == {"count": 1, "of": 3, "ratio": 0.75, "problems": ["l2norm"]}

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,16 +135,22 @@ class ReplayLessons:
     """The lessons one replayed search has produced so far, folded as the lessons projection folds a
     search's events (engine/evidence/lessons_projection.py): per change the compile and validation counts,
     the speedups over numpy and over the parent; per template setting its speedups over numpy; failure
-    patterns by verdict."""
+    patterns by verdict.
 
-    def __init__(self, problem: Problem, target: str) -> None:
+    ``family``: the lessons of replayed searches of other problems of the problem's family on the same target,
+    which ran before this one on the same log (leave-one-out transfer). Their rows keep their own problem's
+    name, as the projection keeps them, so build_lessons weighs them as the family's evidence."""
+
+    def __init__(self, problem: Problem, target: str, family: Sequence[ReplayLessons] = ()) -> None:
         self.problem = problem
         self.target = target
+        self.family = tuple(family)
         self.stats: dict[str, _Stats] = defaultdict(_Stats)
         self.failures: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.settings: dict[str, dict[str, Any]] = {}
         self.changes: dict[str, list[str]] = {}
-        self.position = 0
+        # The family's searches came first on the log: this search's positions follow theirs.
+        self.position: int = sum(member.position for member in self.family)
         self.remeasures = 0
         """Re-measurements folded (``remeasured``), each one position too."""
 
@@ -220,9 +226,11 @@ class ReplayLessons:
 
     def lessons(self) -> dict[str, Any]:
         """The Lessons dump a ProposalContext carries, as lessons_for would return them now."""
+        members = [*self.family, self]
         stats = [
-            _Row({"problem": self.problem.name, "change": change, **dataclasses.asdict(row)})
-            for change, row in sorted(self.stats.items())
+            _Row({"problem": member.problem.name, "change": change, **dataclasses.asdict(row)})
+            for member in members
+            for change, row in sorted(member.stats.items())
         ]
         lessons = build_lessons(
             self.problem.name,
@@ -230,9 +238,9 @@ class ReplayLessons:
             self.target,
             self.position,
             stats,
-            list(self.failures.values()),
+            [row for member in members for row in member.failures.values()],
             set(self.problem.template_params) or None,
-            list(self.settings.values()),
+            [row for member in members for row in member.settings.values()],
         )
         return lessons.model_dump(mode="json")
 
