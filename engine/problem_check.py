@@ -293,7 +293,10 @@ def check_problem(
         try:
             checks.append(step())
         except UserError as error:
-            # The problem's own code refused (make_inputs, tolerance, template): the check fails, naming it.
+            # The problem's own code raised or returned something malformed (make_inputs, reference, tolerance,
+            # template): the check fails, naming it. In the first checks, that code is what every later check
+            # runs too.
+            raised = raised or index < PURE_CHECKS
             checks.append(CheckResult(name=name, status="failed", message=str(error)))
         except Exception as error:
             if index >= PURE_CHECKS:

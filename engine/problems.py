@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
+import psutil
 from threadpoolctl import threadpool_limits
 
 from engine.errors import UnknownProblemError, UserError
@@ -47,6 +49,9 @@ CUDA_TYPES = {
     "bfloat16": "unsigned short",
 }
 BACKENDS = ("cpu", "cuda")
+MEMORY_HEADROOM = 4
+"""A shape's arrays may take at most 1 / MEMORY_HEADROOM of the machine's memory: a trial holds the
+inputs, a float64 reference and the kernel's outputs together, and timing keeps pools of them."""
 REQUIRED = (
     "NAME",
     "PARAMS",
@@ -115,6 +120,16 @@ class Param:
 
     def dims(self, shape: dict[str, int]) -> tuple[int, ...]:
         return tuple(int(shape[d]) for d in self.shape)
+
+
+def _shown(value: Any) -> str:
+    """An argument of a problem.py function as an error message shows it: shapes, names and template settings
+    as they are, inputs (arrays) and the random generator by what they are."""
+    if isinstance(value, np.random.Generator):
+        return "rng"
+    if isinstance(value, dict) and any(isinstance(v, np.ndarray) for v in value.values()):
+        return "inputs"
+    return repr(value)
 
 
 def cuda_signature(entry: str, params: tuple[Param, ...]) -> str:
@@ -214,7 +229,7 @@ class Problem:
         """
         scaled = getattr(self.module, "tolerance_for", None)
         if scaled is not None and shape is not None and inputs is not None:
-            tol = scaled(dtype, shape, inputs)
+            tol = self._call("tolerance_for", dtype, shape, inputs)
         else:
             if dtype not in self.module.TOLERANCES:
                 raise UserError(
@@ -222,7 +237,18 @@ class Problem:
                     f"{{{dtype!r}: {{'atol': ..., 'rtol': ...}}}}"
                 )
             tol = self.module.TOLERANCES[dtype]
-        return float(tol["atol"]), float(tol["rtol"])
+        try:
+            atol, rtol = float(tol["atol"]), float(tol["rtol"])
+        except (TypeError, KeyError, ValueError):
+            raise UserError(
+                f"{self.folder / 'problem.py'}: the tolerance for {dtype} is {tol!r}; "
+                "give {'atol': ..., 'rtol': ...}, two numbers >= 0"
+            ) from None
+        if not (atol >= 0 and rtol >= 0):  # NaN fails too
+            raise UserError(
+                f"{self.folder / 'problem.py'}: the tolerance for {dtype} is {tol!r}; atol and rtol must be >= 0"
+            )
+        return atol, rtol
 
     def make_inputs(self, shape: dict[str, int], distribution: str, seed: int) -> dict[str, Any]:
         """Fresh inputs for one trial; the same (shape, distribution, seed) always gives the same arrays.
@@ -235,9 +261,57 @@ class Problem:
                 f"problem {self.name!r} has no input distribution {distribution!r}; choose one of {self.distributions}"
             )
         rng = np.random.default_rng(seed)
-        inputs: dict[str, Any] = self.module.make_inputs(shape, distribution, rng)
+        inputs = self._call("make_inputs", shape, distribution, rng)
+        if not isinstance(inputs, dict):
+            raise UserError(
+                f"{self.folder / 'problem.py'} make_inputs({shape}, {distribution!r}) returned "
+                f"{type(inputs).__name__}; it must return a dict of every in/inout/scalar param"
+            )
         self._check_inputs(inputs, shape, distribution)
         return inputs
+
+    def _call(self, function: str, *args: Any) -> Any:
+        """``function`` of problem.py called with ``args``; what it raises is said as a UserError that names the
+        function, the shape and the fix: a user's problem.py may hold anything, and its bug is neither the
+        kernel's verdict nor the harness's."""
+        shown = ", ".join(_shown(a) for a in args)
+        try:
+            return getattr(self.module, function)(*args)
+        except MemoryError:
+            raise UserError(
+                f"{self.folder / 'problem.py'} {function}({shown}) ran out of memory: the shape needs more than "
+                "this machine has; use smaller shapes (docs/problems.md, Shapes)"
+            ) from None
+        except (Exception, SystemExit) as error:
+            raise UserError(
+                f"{self.folder / 'problem.py'} {function}({shown}) raised {error!r}; fix {function}() in problem.py"
+            ) from error
+
+    def _check_outputs(self, function: str, out: Any, shape: dict[str, int], finite: bool) -> dict[str, np.ndarray]:
+        """``out``, what ``function`` (reference or baseline) returned: a dict with every output, each an array
+        of the output's shape; with ``finite``, no inf or NaN (no kernel can match one: NaN never passes)."""
+        where = f"{self.folder / 'problem.py'} {function}(inputs, {shape})"
+        if not isinstance(out, dict):
+            raise UserError(f"{where} returned {type(out).__name__}; it must return a dict of every out/inout param")
+        for p in self.outputs:
+            if p.name not in out:
+                raise UserError(f"{where} returned no {p.name!r}; it must return every out/inout param")
+            try:
+                array = np.asarray(out[p.name])
+            except Exception as error:  # a user's object numpy cannot read
+                raise UserError(f"{where}: {p.name!r} is not an array ({error!r})") from None
+            if array.shape != p.dims(shape):
+                raise UserError(
+                    f"{where}: {p.name!r} has shape {array.shape}, but PARAMS declares {p.dims(shape)}; "
+                    f"return the whole output"
+                )
+            if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
+                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+                raise UserError(
+                    f"{where}: {p.name!r} holds {array[bad]} at {bad}; a reference must be finite (no kernel can "
+                    "match NaN or inf): fix reference() or the inputs make_inputs draws"
+                )
+        return out
 
     def _check_inputs(self, inputs: dict[str, Any], shape: dict[str, int], distribution: str) -> None:
         where = f"{self.folder / 'problem.py'} make_inputs({shape}, {distribution!r})"
@@ -265,12 +339,12 @@ class Problem:
                 )
 
     def reference(self, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = self.module.reference(inputs, shape)
-        return out
+        """The exact answer (problem.py's ``reference``): every output, of its declared shape, finite."""
+        return self._check_outputs("reference", self._call("reference", inputs, shape), shape, finite=True)
 
     def baseline(self, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = self.module.baseline(inputs, shape)
-        return out
+        """What a numpy user writes (problem.py's ``baseline``): every output, of its declared shape."""
+        return self._check_outputs("baseline", self._call("baseline", inputs, shape), shape, finite=False)
 
     def cuda_baseline(self, cp: Any, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
         """The library baseline on the GPU: what a Python GPU user calls, through CuPy. ``cp`` is the cupy
@@ -293,8 +367,20 @@ class Problem:
         return np.asarray(array)
 
     def roofline(self, shape: dict[str, int]) -> dict[str, int]:
-        model: dict[str, int] = self.module.roofline(shape)
-        return model
+        """``{"bytes": int, "flops": int}`` (problem.py's ``roofline``), each a number >= 0 (0 where absent)."""
+        model = self._call("roofline", shape)
+        where = f"{self.folder / 'problem.py'} roofline({shape})"
+        if not isinstance(model, dict):
+            raise UserError(f"{where} returned {type(model).__name__}; it must return {{'bytes': int, 'flops': int}}")
+        checked: dict[str, int] = {}
+        for key in ("bytes", "flops"):
+            value = model.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+                raise UserError(f"{where}: {key!r} is {value!r}; it must be a number >= 0")
+            if not (math.isfinite(float(value)) and value >= 0):
+                raise UserError(f"{where}: {key!r} is {value!r}; it must be a finite number >= 0")
+            checked[key] = int(value)
+        return checked
 
     @property
     def deterministic(self) -> bool:
@@ -318,8 +404,8 @@ class Problem:
         return {k: list(v) for k, v in getattr(self.module, self._names.template_params, {}).items()}
 
     def template_allows(self, params: dict[str, Any]) -> bool:
-        check = getattr(self.module, self._names.template_allows, None)
-        return bool(check(params)) if check else True
+        name = self._names.template_allows
+        return bool(self._call(name, params)) if getattr(self.module, name, None) else True
 
     def render_template(self, params: dict[str, Any]) -> str:
         """The template's source with every ``{{NAME}}`` replaced by its parameter value."""
@@ -395,8 +481,11 @@ def load_problem(name_or_path: str | Path) -> Problem:
             )
     params = tuple(_parse_param(folder, raw) for raw in module.PARAMS)
     _check_declarations(folder, module, params)
+    if "cpu" in backends:
+        _check_kernel_files(folder, module, _NAMES["cpu"])
     if "cuda" in backends:
         _check_cuda_declarations(folder, module)
+        _check_kernel_files(folder, module, _NAMES["cuda"])
     # The C view comes first where there is one: it is what every CPU caller has always received.
     return Problem(name=str(module.NAME), folder=folder, module=module, params=params, backend=backends[0])
 
@@ -409,7 +498,9 @@ def _import_problem_module(folder: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # a user's folder may hold anything; say where it broke
+    # A user's folder may hold anything; say where it broke. SystemExit too: a problem.py that calls sys.exit()
+    # must not end the worker or the command that loaded it.
+    except (Exception, SystemExit) as error:
         raise UserError(f"{folder / 'problem.py'} failed to import: {error!r}") from error
     return module
 
@@ -452,12 +543,70 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
         for shape in shapes:
             if set(shape) != sizes or any(not isinstance(v, int) or v < 1 for v in shape.values()):
                 raise UserError(f"{where}: {label} entry {shape!r} must give each of {sorted(sizes)} a positive int")
+    for function in ("make_inputs", "reference", "baseline", "roofline"):
+        if not callable(getattr(module, function)):
+            raise UserError(f"{where}: {function} must be a function (see docs/problems.md)")
+    memory = psutil.virtual_memory().total
+    for label, shapes in (
+        ("VALIDATION_SHAPES", list(module.VALIDATION_SHAPES)),
+        *((name, [s for s, _ in benchmark]) for name, benchmark in benchmarks.items()),
+    ):
+        for shape in shapes:
+            needed = sum(
+                math.prod(shape[d] for d in p.shape) * np.dtype(DTYPES[p.dtype]).itemsize for p in params if p.is_array
+            )
+            # A trial holds its inputs, the reference (float64) and the kernel's outputs at once, and timing
+            # keeps pools of them: a shape whose arrays alone fill a quarter of the memory cannot be judged here.
+            if needed * MEMORY_HEADROOM > memory:
+                raise UserError(
+                    f"{where}: {label} entry {shape!r} needs {needed / 2**30:.1f} GiB for its arrays alone; this "
+                    f"machine has {memory / 2**30:.1f} GiB of memory: use smaller shapes (docs/problems.md, Shapes)"
+                )
     missing = sorted({p.dtype for p in params if p.role in ("out", "inout")} - set(module.TOLERANCES))
     if missing:
         raise UserError(
             f"{where}: TOLERANCES has no entry for output dtype(s) {missing}; "
             "add {dtype: {'atol': ..., 'rtol': ...}}"
         )
+
+
+def _check_kernel_files(folder: Path, module: ModuleType, names: _Declarations) -> None:
+    """A backend's seed file exists; a template comes with a space of non-empty value lists that names every
+    placeholder it has, and ``template_allows`` is a function."""
+    where = folder / "problem.py"
+    seed = str(getattr(module, names.seed, names.default_seed))
+    if not (folder / seed).is_file():
+        raise UserError(
+            f"{where}: {names.seed} is {seed!r}, which is not a file in {folder}; add the naive kernel there "
+            f"(or set {names.seed} to its file name)"
+        )
+    template = getattr(module, names.template, None)
+    if template is None:
+        return
+    if not (folder / str(template)).is_file():
+        raise UserError(f"{where}: {names.template} names {template!r}, which is not a file in {folder}")
+    space = getattr(module, names.template_params, None)
+    if not isinstance(space, dict) or not space:
+        raise UserError(f"{where}: {names.template} needs {names.template_params}, {{PARAM: [values...]}}")
+    for name, values in space.items():
+        if not isinstance(values, list | tuple) or not values:
+            raise UserError(
+                f"{where}: {names.template_params}[{name!r}] is {values!r}; give a non-empty list of the values "
+                "the search may try"
+            )
+    try:
+        placeholders = set(_PLACEHOLDER.findall((folder / str(template)).read_text()))
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{where}: cannot read {names.template} {template!r}: {error}") from None
+    unnamed = sorted(placeholders - set(space))
+    if unnamed:
+        raise UserError(
+            f"{where}: {template} has placeholders {['{{' + n + '}}' for n in unnamed]} that "
+            f"{names.template_params} does not name; add their values to {names.template_params} or fix the template"
+        )
+    allows = getattr(module, names.template_allows, None)
+    if allows is not None and not callable(allows):
+        raise UserError(f"{where}: {names.template_allows} must be a function (params) -> bool")
 
 
 def _check_cuda_declarations(folder: Path, module: ModuleType) -> None:

@@ -85,8 +85,71 @@ def test_problem_code_that_raises_fails_its_check_without_a_traceback(tmp_path: 
     )
     by_name = {c.name: c for c in check_problem(str(folder), timing=False).checks}
     assert by_name["baseline"].status == "failed"
-    assert "problem.py raised ValueError: bad" in by_name["baseline"].message
+    assert "make_inputs(" in by_name["baseline"].message and "raised ValueError('bad')" in by_name["baseline"].message
     assert by_name["seed"].status == by_name["template"].status == "skipped"
+
+
+def replaced(function: str, body: str) -> dict[str, tuple[str, str]]:
+    """problem.py edits that make ``function`` of l2norm's problem.py run ``body`` (the old one is renamed)."""
+    head = f"def {function}("
+    return {"problem_py": (head, f"def {function}(*args: object) -> object:\n    {body}\n\n\ndef _old_{function}(")}
+
+
+HOSTILE_FOLDERS = {
+    "exits at import": (
+        {"problem_py": ("import numpy as np\n", "import numpy as np\nimport sys\nsys.exit(3)\n")},
+        "loads",
+        "SystemExit(3)",
+    ),
+    "no seed file": (
+        {"problem_py": ('SEED = "seed.c"', 'SEED = "gone.c"')},
+        "loads",
+        "SEED is 'gone.c', which is not a file",
+    ),
+    "unnamed placeholder": ({"template_c": ("{{VEC}}", "{{VECX}}")}, "loads", "{{VECX}}"),
+    "empty knob": ({"problem_py": ('"PF": [0, 1024],', '"PF": [],')}, "loads", "TEMPLATE_PARAMS['PF'] is []"),
+    "a shape past memory": (
+        {"problem_py": ('({"rows": 512, "cols": 4096}, 2.0)', '({"rows": 5120000, "cols": 409600}, 2.0)')},
+        "loads",
+        "needs 15625.0 GiB for its arrays alone",
+    ),
+    "NaN reference": (
+        replaced("reference", "return {'y': np.full((args[1]['rows'], args[1]['cols']), np.nan)}"),
+        "baseline",
+        "'y' holds nan at (0, 0); a reference must be finite",
+    ),
+    "reference of the wrong shape": (
+        replaced("reference", "return {'y': np.zeros((args[1]['rows'] + 1, args[1]['cols']))}"),
+        "baseline",
+        "'y' has shape (2, 1), but PARAMS declares (1, 1)",
+    ),
+    "a roofline that is no number": (
+        replaced("roofline", "return {'bytes': 'lots'}"),
+        "seed_timing",
+        "'bytes' is 'lots'; it must be a number >= 0",
+    ),
+    "template_allows that raises": (
+        replaced("template_allows", "raise KeyError('NOPE')"),
+        "template",
+        "template_allows({",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_FOLDERS))
+def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(case: str, tmp_path: Path) -> None:
+    edits, check, phrase = HOSTILE_FOLDERS[case]
+    folder = folder_like("l2norm", tmp_path, **edits)
+    # Never a traceback: every kind of breakage is one failed check that names the file and what to fix.
+    result = check_problem(str(folder), timing=check == "seed_timing")
+    failed = {c.name: c.message for c in result.checks if c.status == "failed"}
+    assert check in failed, result
+    assert phrase in failed[check] and "problem.py" in failed[check], failed[check]
+    # A folder that loads but whose reference or roofline is bad is refused by the harness too: bad input (exit
+    # status 2), never a verdict on the kernel. (`kf evaluate` of a source never asks template_allows.)
+    if check in ("baseline", "seed_timing"):
+        source = str(load_problem("l2norm").folder / "seed.c")
+        assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
 
 
 def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) -> None:
