@@ -47,6 +47,12 @@ class UnknownProblemError(UserError):
     """A problem name that is not built in and not a path to a problem folder."""
 
 
+class ProblemDefinitionError(UserError):
+    """A problem folder's own code failed while a kernel was judged: a function of its problem.py raised, or
+    returned something malformed (inputs, a reference, a tolerance, a roofline). Nothing any kernel did: no
+    candidate can be judged until problem.py is fixed, so a search stops with the message."""
+
+
 class MigrationError(UserError):
     """A migration that is missing, was edited after it was applied, or failed."""
 

@@ -27,7 +27,7 @@ import numpy as np
 import psutil
 from threadpoolctl import threadpool_limits
 
-from engine.errors import UnknownProblemError, UserError
+from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
 from kernels import SUITE_DIR
 
 # References and baselines run in the judge's own process, from several threads (a worker runs steps
@@ -232,7 +232,7 @@ class Problem:
             tol = self._call("tolerance_for", dtype, shape, inputs)
         else:
             if dtype not in self.module.TOLERANCES:
-                raise UserError(
+                raise ProblemDefinitionError(
                     f"{self.folder / 'problem.py'} TOLERANCES has no entry for dtype {dtype!r}; add "
                     f"{{{dtype!r}: {{'atol': ..., 'rtol': ...}}}}"
                 )
@@ -240,12 +240,12 @@ class Problem:
         try:
             atol, rtol = float(tol["atol"]), float(tol["rtol"])
         except (TypeError, KeyError, ValueError):
-            raise UserError(
+            raise ProblemDefinitionError(
                 f"{self.folder / 'problem.py'}: the tolerance for {dtype} is {tol!r}; "
                 "give {'atol': ..., 'rtol': ...}, two numbers >= 0"
             ) from None
         if not (atol >= 0 and rtol >= 0):  # NaN fails too
-            raise UserError(
+            raise ProblemDefinitionError(
                 f"{self.folder / 'problem.py'}: the tolerance for {dtype} is {tol!r}; atol and rtol must be >= 0"
             )
         return atol, rtol
@@ -263,7 +263,7 @@ class Problem:
         rng = np.random.default_rng(seed)
         inputs = self._call("make_inputs", shape, distribution, rng)
         if not isinstance(inputs, dict):
-            raise UserError(
+            raise ProblemDefinitionError(
                 f"{self.folder / 'problem.py'} make_inputs({shape}, {distribution!r}) returned "
                 f"{type(inputs).__name__}; it must return a dict of every in/inout/scalar param"
             )
@@ -278,12 +278,12 @@ class Problem:
         try:
             return getattr(self.module, function)(*args)
         except MemoryError:
-            raise UserError(
+            raise ProblemDefinitionError(
                 f"{self.folder / 'problem.py'} {function}({shown}) ran out of memory: the shape needs more than "
                 "this machine has; use smaller shapes (docs/problems.md, Shapes)"
             ) from None
         except (Exception, SystemExit) as error:
-            raise UserError(
+            raise ProblemDefinitionError(
                 f"{self.folder / 'problem.py'} {function}({shown}) raised {error!r}; fix {function}() in problem.py"
             ) from error
 
@@ -292,22 +292,24 @@ class Problem:
         of the output's shape; with ``finite``, no inf or NaN (no kernel can match one: NaN never passes)."""
         where = f"{self.folder / 'problem.py'} {function}(inputs, {shape})"
         if not isinstance(out, dict):
-            raise UserError(f"{where} returned {type(out).__name__}; it must return a dict of every out/inout param")
+            raise ProblemDefinitionError(
+                f"{where} returned {type(out).__name__}; it must return a dict of every out/inout param"
+            )
         for p in self.outputs:
             if p.name not in out:
-                raise UserError(f"{where} returned no {p.name!r}; it must return every out/inout param")
+                raise ProblemDefinitionError(f"{where} returned no {p.name!r}; it must return every out/inout param")
             try:
                 array = np.asarray(out[p.name])
             except Exception as error:  # a user's object numpy cannot read
-                raise UserError(f"{where}: {p.name!r} is not an array ({error!r})") from None
+                raise ProblemDefinitionError(f"{where}: {p.name!r} is not an array ({error!r})") from None
             if array.shape != p.dims(shape):
-                raise UserError(
+                raise ProblemDefinitionError(
                     f"{where}: {p.name!r} has shape {array.shape}, but PARAMS declares {p.dims(shape)}; "
                     f"return the whole output"
                 )
             if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
                 bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
-                raise UserError(
+                raise ProblemDefinitionError(
                     f"{where}: {p.name!r} holds {array[bad]} at {bad}; a reference must be finite (no kernel can "
                     "match NaN or inf): fix reference() or the inputs make_inputs draws"
                 )
@@ -319,11 +321,13 @@ class Problem:
             if p.role in ("out", "size"):
                 continue
             if p.name not in inputs:
-                raise UserError(f"{where} returned no {p.name!r}; it must return every in/inout/scalar param")
+                raise ProblemDefinitionError(
+                    f"{where} returned no {p.name!r}; it must return every in/inout/scalar param"
+                )
             value = inputs[p.name]
             if p.role == "scalar":
                 if np.ndim(value) != 0:
-                    raise UserError(f"{where}: scalar {p.name!r} must be a single number, got {value!r}")
+                    raise ProblemDefinitionError(f"{where}: scalar {p.name!r} must be a single number, got {value!r}")
                 continue
             want = p.dims(shape)
             if (
@@ -333,7 +337,7 @@ class Problem:
                 or not value.flags.c_contiguous
             ):
                 got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
-                raise UserError(
+                raise ProblemDefinitionError(
                     f"{where}: {p.name!r} must be a C-contiguous {p.dtype} array of shape {want}, got {got}; "
                     f"use np.ascontiguousarray(..., dtype=np.{p.dtype})"
                 )
@@ -371,14 +375,16 @@ class Problem:
         model = self._call("roofline", shape)
         where = f"{self.folder / 'problem.py'} roofline({shape})"
         if not isinstance(model, dict):
-            raise UserError(f"{where} returned {type(model).__name__}; it must return {{'bytes': int, 'flops': int}}")
+            raise ProblemDefinitionError(
+                f"{where} returned {type(model).__name__}; it must return {{'bytes': int, 'flops': int}}"
+            )
         checked: dict[str, int] = {}
         for key in ("bytes", "flops"):
             value = model.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-                raise UserError(f"{where}: {key!r} is {value!r}; it must be a number >= 0")
+                raise ProblemDefinitionError(f"{where}: {key!r} is {value!r}; it must be a number >= 0")
             if not (math.isfinite(float(value)) and value >= 0):
-                raise UserError(f"{where}: {key!r} is {value!r}; it must be a finite number >= 0")
+                raise ProblemDefinitionError(f"{where}: {key!r} is {value!r}; it must be a finite number >= 0")
             checked[key] = int(value)
         return checked
 

@@ -7,8 +7,10 @@ run in the harness's sandboxed child processes as in production.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -261,6 +263,32 @@ async def test_bad_input_fails_the_search_at_once(
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), timeout=60)
     assert message in str(failure.value.cause)
+
+
+async def test_a_broken_problem_definition_stops_the_search_with_its_reason(
+    client: Client, store: EventStore, prefix: str, tmp_path: Path
+) -> None:
+    # A folder that loads, but whose reference is NaN: no candidate can be judged, and none is to blame.
+    folder = tmp_path / "nan_reference"
+    shutil.copytree(COPY_PROBLEM, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    problem_py = folder / "problem.py"
+    problem_py.write_text(
+        problem_py.read_text().replace(
+            'return {"y": inputs["x"].astype(np.float64)}', 'return {"y": inputs["x"] * np.nan}'
+        )
+    )
+    async with running_worker(client, store, prefix):
+        handle = await start(client, prefix, {"problem": str(folder), "generations": 3, **QUICK})
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), timeout=120)
+    message = str(failure.value.cause)
+    assert "the problem's definition failed, not a kernel" in message and "a reference must be finite" in message
+    assert str(problem_py) in message
+    # It stopped at the seed, and what it met is recorded as the harness's failure, never as a kernel's verdict.
+    events = await store.read_stream(stream_of(handle.id))
+    errors = [e for e in events if e.type == "candidate.harness_error"]
+    assert len(errors) == 1 and errors[0].payload["error_type"] == "ProblemDefinitionError"
+    assert not [e for e in events if e.type in ("candidate.validated", "candidate.benchmarked")]
 
 
 async def test_a_target_no_worker_serves_fails_naming_the_queue(client: Client, store: EventStore, prefix: str) -> None:

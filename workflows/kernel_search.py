@@ -59,7 +59,14 @@ BEST_SPEEDUP_ATTR = SearchAttributeKey.for_float("BestSpeedup")
 
 # Bad input is never retried: these error types fail the step (and, at start, the search) at once. So is an
 # InfrastructureError: the activity already waited the outage patience (KF_OUTAGE_PATIENCE_S) for a server.
-NON_RETRYABLE = ["UserError", "UnknownProblemError", "ConfigurationError", "ValidationError", "InfrastructureError"]
+NON_RETRYABLE = [
+    "UserError",
+    "UnknownProblemError",
+    "ProblemDefinitionError",
+    "ConfigurationError",
+    "ValidationError",
+    "InfrastructureError",
+]
 # Every activity heartbeats for as long as it runs (activities/search.py, outage_tolerant) -- while an LLM
 # thinks, while Postgres is waited out -- so a control step needs no long timeout to be safe: a completion lost
 # while Temporal restarted, or a worker killed mid-step, is noticed within this heartbeat timeout and the step
@@ -90,6 +97,9 @@ PLAYOFF_CONTENDERS = 3
 PLAYOFF_BUDGET_MULTIPLE = 4.0
 # Histories recorded before the playoff existed replay without it (workflow.patched).
 PLAYOFF_PATCH = "final-playoff"
+# Histories recorded before a broken problem definition stopped the search replay as they ran (every candidate
+# a harness_error).
+PROBLEM_DEFINITION_PATCH = "problem-definition-stops-search"
 # Histories recorded before shaky promotions were re-measured replay without it.
 CONFIRM_PATCH = "confirm-shaky-promotions"
 # Histories recorded before a generation's shaky readings were re-measured ahead of its promotion replay
@@ -344,6 +354,20 @@ class KernelSearch:
                     "error": str(cause or error),
                 },
             )
+            if (
+                isinstance(cause, ApplicationError)
+                and cause.type == "ProblemDefinitionError"
+                and workflow.patched(PROBLEM_DEFINITION_PATCH)
+            ):
+                # The problem's own code failed (its reference, inputs, tolerance or roofline): no candidate can be
+                # judged until problem.py is fixed, and every one would end as this one did. Stop with the reason,
+                # instead of spending the budget on harness errors; everything recorded so far stays.
+                raise ApplicationError(
+                    f"the problem's definition failed, not a kernel: {cause.message}. Start a new search once "
+                    "problem.py is fixed (`kf problem check` runs the same code)",
+                    type="ProblemDefinitionError",
+                    non_retryable=True,
+                ) from None
         self._doing.pop(candidate.candidate_id, None)
         if outcome.verdict == "harness_error":
             state.harness_errors.append(candidate.candidate_id)
