@@ -271,9 +271,9 @@ class Problem:
         return inputs
 
     def _call(self, function: str, *args: Any) -> Any:
-        """``function`` of problem.py called with ``args``; what it raises is said as a UserError that names the
-        function, the shape and the fix: a user's problem.py may hold anything, and its bug is neither the
-        kernel's verdict nor the harness's."""
+        """``function`` of problem.py called with ``args``. What it raises is said as a ProblemDefinitionError
+        that names the function, the shape and the fix: a user's problem.py may hold anything, and its bug is
+        neither the kernel's verdict nor the harness's."""
         shown = ", ".join(_shown(a) for a in args)
         try:
             return getattr(self.module, function)(*args)
