@@ -15,6 +15,9 @@ Everything is read from the environment at call time, so tests can point a proce
 - ``KF_OUTAGE_PATIENCE_S``: how long a step (and the CLI following a search) waits out an unreachable
   Postgres or Temporal before it fails as an infrastructure failure (default 600: time for an operator to
   notice and restart a server).
+- ``KF_PROBLEM_CALL_S``: how long one call of a problem folder's data functions (``make_inputs``,
+  ``reference``, ``baseline``, ``tolerance_for``) may run before it counts as hung and fails as the problem's
+  error (default 300).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from engine.errors import ConfigurationError
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_TEMPORAL_UI_PORT = 8233
 DEFAULT_OUTAGE_PATIENCE_S = 600.0
+DEFAULT_PROBLEM_CALL_S = 300.0
 
 
 def kf_home() -> Path:
@@ -90,5 +94,22 @@ def outage_patience_s() -> float:
         raise ConfigurationError(
             f"KF_OUTAGE_PATIENCE_S={raw!r} is not a number of seconds >= 0; unset it for the default "
             f"({DEFAULT_OUTAGE_PATIENCE_S:g}) or set e.g. KF_OUTAGE_PATIENCE_S=900"
+        )
+    return value
+
+
+def problem_call_s() -> float:
+    """Seconds one call of a problem.py data function may run before it counts as hung (``KF_PROBLEM_CALL_S``)."""
+    raw = os.environ.get("KF_PROBLEM_CALL_S", "").strip()
+    if not raw:
+        return DEFAULT_PROBLEM_CALL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(
+            f"KF_PROBLEM_CALL_S={raw!r} is not a number of seconds > 0; unset it for the default "
+            f"({DEFAULT_PROBLEM_CALL_S:g}) or set e.g. KF_PROBLEM_CALL_S=600"
         )
     return value

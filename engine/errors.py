@@ -52,6 +52,11 @@ class ProblemDefinitionError(UserError):
     returned something malformed (inputs, a reference, a tolerance, a roofline). Nothing any kernel did: no
     candidate can be judged until problem.py is fixed, so a search stops with the message."""
 
+    def __init__(self, message: str, *, hung: bool = False) -> None:
+        super().__init__(message)
+        self.hung = hung
+        """The function did not return within its deadline (KF_PROBLEM_CALL_S): calling it again waits as long."""
+
 
 class MigrationError(UserError):
     """A migration that is missing, was edited after it was applied, or failed."""

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from engine.errors import UserError
+from engine.errors import ProblemDefinitionError, UserError
 from engine.problems import Problem, bf16_to_float32, float32_to_bf16, load_problem
 
 MIN_CALL_NS = 50_000.0
@@ -283,15 +283,21 @@ def check_problem(
     ]
     if timing:
         steps.append(("seed_timing", lambda: check_seed_timing(problem, cache_dir)))
-    raised = False
+    raised = hung = False
     for index, (name, step) in enumerate(steps):
-        if raised and index >= PURE_CHECKS:
-            # The harness would call the same problem.py code and meet the same exception.
-            checks.append(CheckResult(name=name, status="skipped", message="problem.py raised in a check above"))
+        if hung or (raised and index >= PURE_CHECKS):
+            # The harness would call the same problem.py code and meet the same exception (or wait as long).
+            why = "hung" if hung else "raised"
+            checks.append(CheckResult(name=name, status="skipped", message=f"problem.py {why} in a check above"))
             continue
         say(name)
         try:
             checks.append(step())
+        except ProblemDefinitionError as error:
+            # Every check calls the same functions: one that hung would make each of them wait as long.
+            hung = error.hung
+            raised = raised or index < PURE_CHECKS
+            checks.append(CheckResult(name=name, status="failed", message=str(error)))
         except UserError as error:
             # The problem's own code raised or returned something malformed (make_inputs, reference, tolerance,
             # template): the check fails, naming it. In the first checks, that code is what every later check

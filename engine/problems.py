@@ -18,6 +18,8 @@ import hashlib
 import importlib.util
 import math
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +29,7 @@ import numpy as np
 import psutil
 from threadpoolctl import threadpool_limits
 
+from engine.config import problem_call_s
 from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
 from kernels import SUITE_DIR
 
@@ -120,6 +123,40 @@ class Param:
 
     def dims(self, shape: dict[str, int]) -> tuple[int, ...]:
         return tuple(int(shape[d]) for d in self.shape)
+
+
+WATCHED_FUNCTIONS = frozenset({"make_inputs", "reference", "baseline", "tolerance_for"})
+"""problem.py's data functions, which the judge calls with a deadline (KF_PROBLEM_CALL_S): they work on whole
+arrays, where a hang (an endless loop, a sleep, a lock) is as likely as in any user code. The small pure ones
+(roofline, template_allows) are called directly: the proposers call template_allows once per setting."""
+
+
+def _watched(call: Callable[..., Any], args: tuple[Any, ...], seconds: float, where: str) -> Any:
+    """``call(*args)`` in a thread of its own, its result or its exception; a ProblemDefinitionError when it
+    has not returned within ``seconds``. Python cannot stop a thread: a hung call is left running (a daemon,
+    so it never holds the process open), and what called it gets the problem's error at once instead of
+    waiting with it."""
+    done: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            done.append((True, call(*args)))
+        except BaseException as error:  # handed to the caller, who decides what it means
+            done.append((False, error))
+
+    thread = threading.Thread(target=run, name="kf-problem-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not done:
+        raise ProblemDefinitionError(
+            f"{where} did not return within {seconds:g} s (KF_PROBLEM_CALL_S); look for an endless loop or a wait "
+            "in problem.py, or make the shape smaller",
+            hung=True,
+        )
+    ok, value = done[0]
+    if ok:
+        return value
+    raise value
 
 
 def _shown(value: Any) -> str:
@@ -275,17 +312,21 @@ class Problem:
         that names the function, the shape and the fix: a user's problem.py may hold anything, and its bug is
         neither the kernel's verdict nor the harness's."""
         shown = ", ".join(_shown(a) for a in args)
+        where = f"{self.folder / 'problem.py'} {function}({shown})"
+        call = getattr(self.module, function)
         try:
-            return getattr(self.module, function)(*args)
+            if function not in WATCHED_FUNCTIONS:
+                return call(*args)
+            return _watched(call, args, problem_call_s(), where)
         except MemoryError:
             raise ProblemDefinitionError(
-                f"{self.folder / 'problem.py'} {function}({shown}) ran out of memory: the shape needs more than "
-                "this machine has; use smaller shapes (docs/problems.md, Shapes)"
+                f"{where} ran out of memory: the shape needs more than this machine has; use smaller shapes "
+                "(docs/problems.md, Shapes)"
             ) from None
+        except ProblemDefinitionError:
+            raise
         except (Exception, SystemExit) as error:
-            raise ProblemDefinitionError(
-                f"{self.folder / 'problem.py'} {function}({shown}) raised {error!r}; fix {function}() in problem.py"
-            ) from error
+            raise ProblemDefinitionError(f"{where} raised {error!r}; fix {function}() in problem.py") from error
 
     def _check_outputs(self, function: str, out: Any, shape: dict[str, int], finite: bool) -> dict[str, np.ndarray]:
         """``out``, what ``function`` (reference or baseline) returned: a dict with every output, each an array

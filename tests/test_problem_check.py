@@ -128,6 +128,11 @@ HOSTILE_FOLDERS = {
         "seed_timing",
         "'bytes' is 'lots'; it must be a number >= 0",
     ),
+    "a reference that never returns": (
+        replaced("reference", "import time; time.sleep(60)"),
+        "baseline",
+        "did not return within 1 s (KF_PROBLEM_CALL_S)",
+    ),
     "template_allows that raises": (
         replaced("template_allows", "raise KeyError('NOPE')"),
         "template",
@@ -137,14 +142,21 @@ HOSTILE_FOLDERS = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_FOLDERS))
-def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(case: str, tmp_path: Path) -> None:
+def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     edits, check, phrase = HOSTILE_FOLDERS[case]
     folder = folder_like("l2norm", tmp_path, **edits)
+    hangs = "never returns" in case
+    if hangs:
+        monkeypatch.setenv("KF_PROBLEM_CALL_S", "1")
     # Never a traceback: every kind of breakage is one failed check that names the file and what to fix.
     result = check_problem(str(folder), timing=check == "seed_timing")
     failed = {c.name: c.message for c in result.checks if c.status == "failed"}
     assert check in failed, result
     assert phrase in failed[check] and "problem.py" in failed[check], failed[check]
+    if hangs:  # every later check would wait as long: they are skipped, saying why
+        assert [c.status for c in result.checks[2:]] == ["skipped"] * (len(result.checks) - 2), result
     # A folder that loads but whose reference or roofline is bad is refused by the harness too: bad input (exit
     # status 2), never a verdict on the kernel. (`kf evaluate` of a source never asks template_allows.)
     if check in ("baseline", "seed_timing"):
@@ -157,3 +169,17 @@ def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) 
     (tmp_path / "empty").mkdir()
     assert kf(["problem", "check", str(tmp_path / "empty"), "--no-timing"]) == 1
     assert statuses(tmp_path / "empty") == {"loads": "failed"}
+
+
+def test_the_problem_call_deadline_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.config import DEFAULT_PROBLEM_CALL_S, problem_call_s
+    from engine.errors import ConfigurationError
+
+    monkeypatch.delenv("KF_PROBLEM_CALL_S", raising=False)
+    assert problem_call_s() == DEFAULT_PROBLEM_CALL_S
+    monkeypatch.setenv("KF_PROBLEM_CALL_S", "42.5")
+    assert problem_call_s() == 42.5
+    for bad in ("soon", "0", "-3", "inf", "nan"):
+        monkeypatch.setenv("KF_PROBLEM_CALL_S", bad)
+        with pytest.raises(ConfigurationError, match="KF_PROBLEM_CALL_S"):
+            problem_call_s()
