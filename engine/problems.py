@@ -13,13 +13,15 @@ file and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
 import math
 import re
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -88,6 +90,8 @@ _NAMES = {
     "cuda": _Declarations("CUDA_SEED", "seed.cu", "CUDA_TEMPLATE", "CUDA_TEMPLATE_PARAMS", "cuda_template_allows"),
 }
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_][A-Z0-9_]*)\}\}")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def bf16_to_float32(bits: Any) -> np.ndarray:
@@ -129,6 +133,30 @@ WATCHED_FUNCTIONS = frozenset({"make_inputs", "reference", "baseline", "toleranc
 """problem.py's data functions, which the judge calls with a deadline (KF_PROBLEM_CALL_S): they work on whole
 arrays, where a hang (an endless loop, a sleep, a lock) is as likely as in any user code. The small pure ones
 (roofline, template_allows) are called directly: the proposers call template_allows once per setting."""
+
+
+_PRINTS_LOCK = threading.Lock()
+_prints_depth = 0
+_prints_saved: Any = None
+
+
+@contextlib.contextmanager
+def _prints_to_stderr() -> Iterator[None]:
+    """What problem.py prints while it is imported or called goes to stderr: standard output is the command's
+    (`kf problem check --json` prints one JSON document there). Counted, so that calls from several threads at
+    once restore the real stream only when the last one is done."""
+    global _prints_depth, _prints_saved
+    with _PRINTS_LOCK:
+        if _prints_depth == 0:
+            _prints_saved, sys.stdout = sys.stdout, sys.stderr
+        _prints_depth += 1
+    try:
+        yield
+    finally:
+        with _PRINTS_LOCK:
+            _prints_depth -= 1
+            if _prints_depth == 0:
+                sys.stdout, _prints_saved = _prints_saved, None
 
 
 def _watched(call: Callable[..., Any], args: tuple[Any, ...], seconds: float, where: str) -> Any:
@@ -315,9 +343,10 @@ class Problem:
         where = f"{self.folder / 'problem.py'} {function}({shown})"
         call = getattr(self.module, function)
         try:
-            if function not in WATCHED_FUNCTIONS:
-                return call(*args)
-            return _watched(call, args, problem_call_s(), where)
+            with _prints_to_stderr():
+                if function not in WATCHED_FUNCTIONS:
+                    return call(*args)
+                return _watched(call, args, problem_call_s(), where)
         except MemoryError:
             raise ProblemDefinitionError(
                 f"{where} ran out of memory: the shape needs more than this machine has; use smaller shapes "
@@ -526,7 +555,13 @@ def load_problem(name_or_path: str | Path) -> Problem:
                 f"{folder / 'problem.py'} declares a {backend} kernel ({_DECLARES[backend]}) but lacks {lacking}; "
                 f"a {backend} kernel needs {list(REQUIRED_FOR[backend])} (see docs/problems.md)"
             )
+    _check_names_and_types(folder, module, backends)
     params = tuple(_parse_param(folder, raw) for raw in module.PARAMS)
+    duplicated = sorted({p.name for p in params if sum(q.name == p.name for q in params) > 1})
+    if duplicated:
+        raise UserError(
+            f"{folder / 'problem.py'}: PARAMS names {duplicated} more than once; each argument needs its own name"
+        )
     _check_declarations(folder, module, params)
     if "cpu" in backends:
         _check_kernel_files(folder, module, _NAMES["cpu"])
@@ -544,12 +579,55 @@ def _import_problem_module(folder: Path) -> ModuleType:
         raise UserError(f"cannot import {folder / 'problem.py'}")
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with _prints_to_stderr():
+            spec.loader.exec_module(module)
     # A user's folder may hold anything; say where it broke. SystemExit too: a problem.py that calls sys.exit()
     # must not end the worker or the command that loaded it.
     except (Exception, SystemExit) as error:
         raise UserError(f"{folder / 'problem.py'} failed to import: {error!r}") from error
     return module
+
+
+def _check_names_and_types(folder: Path, module: ModuleType, backends: tuple[str, ...]) -> None:
+    """The declarations' types, before anything reads them: names that events, workflow ids and C accept, and
+    the lists and tables the format describes (docs/problems.md), each refused with the fix."""
+    where = folder / "problem.py"
+    for name in ("NAME", *(("FAMILY",) if hasattr(module, "FAMILY") else ())):
+        value = getattr(module, name)
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise UserError(
+                f"{where}: {name} is {value!r}; it must be a string of letters, digits, '_', '.' or '-', starting "
+                "with a letter, at most 64 characters (it names the problem in events, lessons and search ids)"
+            )
+    for backend in backends:
+        entry = getattr(module, _DECLARES[backend])
+        if not isinstance(entry, str) or not _C_IDENTIFIER.fullmatch(entry):
+            raise UserError(f"{where}: {_DECLARES[backend]} is {entry!r}; it must be the kernel's C identifier")
+    if not isinstance(module.PARAMS, list | tuple) or not module.PARAMS:
+        raise UserError(f"{where}: PARAMS is {module.PARAMS!r}; it must be a list of the entry point's arguments")
+    for raw in module.PARAMS:
+        if (
+            not isinstance(raw, dict)
+            or not isinstance(raw.get("name"), str)
+            or not _C_IDENTIFIER.fullmatch(raw["name"])
+        ):
+            raise UserError(
+                f"{where}: PARAMS entry {raw!r} must be a dict whose 'name' is a C identifier, e.g. "
+                "{'name': 'x', 'role': 'in', 'dtype': 'float32', 'shape': ['rows', 'cols']}"
+            )
+    for name in ("VALIDATION_SHAPES", "BENCHMARK_SHAPES", "DISTRIBUTIONS"):
+        value = getattr(module, name)
+        if not isinstance(value, list | tuple) or not value:
+            raise UserError(f"{where}: {name} is {value!r}; it must be a non-empty list (see docs/problems.md)")
+    if not all(isinstance(d, str) for d in module.DISTRIBUTIONS):
+        raise UserError(f"{where}: DISTRIBUTIONS is {module.DISTRIBUTIONS!r}; it must list distribution names")
+    if not all(isinstance(s, dict) for s in module.VALIDATION_SHAPES):
+        raise UserError(f"{where}: every VALIDATION_SHAPES entry must be a shape dict, e.g. {{'rows': 3, 'cols': 7}}")
+    tolerances = module.TOLERANCES
+    if not isinstance(tolerances, dict) or not all(isinstance(t, dict) for t in tolerances.values()):
+        raise UserError(
+            f"{where}: TOLERANCES is {tolerances!r}; it must map each output dtype to {{'atol': ..., 'rtol': ...}}"
+        )
 
 
 def _parse_param(folder: Path, raw: dict[str, Any]) -> Param:
@@ -579,7 +657,14 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
         benchmarks["CUDA_BENCHMARK_SHAPES"] = list(module.CUDA_BENCHMARK_SHAPES)
     for name, benchmark in benchmarks.items():
         for entry in benchmark:
-            if not (isinstance(entry, tuple | list) and len(entry) == 2 and float(entry[1]) > 0):
+            if not (
+                isinstance(entry, tuple | list)
+                and len(entry) == 2
+                and isinstance(entry[0], dict)
+                and isinstance(entry[1], int | float)
+                and not isinstance(entry[1], bool)
+                and 0 < entry[1] < math.inf
+            ):
                 raise UserError(f"{where}: {name} entry {entry!r} must be a (shape, weight) pair, weight > 0")
     for label, shapes in (
         ("VALIDATION_SHAPES", list(module.VALIDATION_SHAPES)),

@@ -133,6 +133,36 @@ HOSTILE_FOLDERS = {
         "baseline",
         "did not return within 1 s (KF_PROBLEM_CALL_S)",
     ),
+    "a NAME no search id can hold": (
+        {"problem_py": ('NAME = "l2norm"', 'NAME = "my problem/../x"')},
+        "loads",
+        "NAME is 'my problem/../x'; it must be a string of letters",
+    ),
+    "an ENTRY that is no C identifier": (
+        {"problem_py": ('ENTRY = "l2norm"', 'ENTRY = "l2norm; int x"')},
+        "loads",
+        "ENTRY is 'l2norm; int x'",
+    ),
+    "PARAMS as a dict": (
+        {"problem_py": ("PARAMS: list[dict[str, Any]] = [", "PARAMS = {'x': 1}\n_OLD = [")},
+        "loads",
+        "PARAMS is {'x': 1}",
+    ),
+    "a parameter named twice": (
+        {"problem_py": ('{"name": "eps", "role": "scalar"', '{"name": "x", "role": "scalar"')},
+        "loads",
+        "PARAMS names ['x'] more than once",
+    ),
+    "no distributions": (
+        {"problem_py": ('DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]', "DISTRIBUTIONS = []")},
+        "loads",
+        "DISTRIBUTIONS is []",
+    ),
+    "a weight that is a word": (
+        {"problem_py": ('({"rows": 2048, "cols": 1024}, 1.0)', '({"rows": 2048, "cols": 1024}, "heavy")')},
+        "loads",
+        "must be a (shape, weight) pair, weight > 0",
+    ),
     "template_allows that raises": (
         replaced("template_allows", "raise KeyError('NOPE')"),
         "template",
@@ -169,6 +199,26 @@ def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) 
     (tmp_path / "empty").mkdir()
     assert kf(["problem", "check", str(tmp_path / "empty"), "--no-timing"]) == 1
     assert statuses(tmp_path / "empty") == {"loads": "failed"}
+
+
+def test_what_problem_py_prints_stays_off_the_json_on_standard_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=("def reference(", "print('hello at import')\n\n\ndef reference("),
+    )
+    text = (
+        (folder / "problem.py")
+        .read_text()
+        .replace('    x = inputs["x"]', "    print('hello from reference')\n    x = inputs[\"x\"]", 1)
+    )
+    (folder / "problem.py").write_text(text)
+    assert kf(["problem", "check", str(folder), "--no-timing", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["passed"]
+    assert "hello at import" in captured.err and "hello from reference" in captured.err
 
 
 def test_the_problem_call_deadline_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
