@@ -252,7 +252,10 @@ def spec_from_args(args: argparse.Namespace) -> SearchSpec:
                 f"--spec must be a JSON object of SearchSpec fields, not {type(raw).__name__} {raw!r:.80}; "
                 "pass e.g. '{\"generations\": 2}'"
             )
-    raw["problem"] = args.problem
+    from engine.problems import problem_argument  # numpy: only for the commands that start searches
+
+    # A folder given relative to this shell's directory means nothing to a worker started elsewhere.
+    raw["problem"] = problem_argument(args.problem)
     given = _given_options(args)
     for path in given:
         value = getattr(args, SPEC_OPTIONS[path])

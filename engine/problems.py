@@ -522,6 +522,20 @@ def _problem_folder(text: str) -> Path | None:
     return folder if (folder / "problem.py").is_file() else None
 
 
+def problem_argument(text: str) -> str:
+    """How ``text`` (a built-in name or a folder path, as a user typed it) is written into a search: a built-in
+    name as it is; a path to a problem folder on this machine as its absolute path, since the workers that load
+    it run elsewhere (another folder, another machine). A path this machine does not hold is left as typed: the
+    workers may hold it."""
+    try:
+        folder = _problem_folder(text)
+    except OSError:  # not a usable path here: the workers will say so
+        return text
+    if folder is None or (SUITE_DIR / text / "problem.py").is_file():
+        return text
+    return str(folder.resolve())
+
+
 def load_problem(name_or_path: str | Path) -> Problem:
     """Load a built-in problem by name, or a problem folder by path."""
     text = str(name_or_path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +322,23 @@ def test_the_judge_process_uses_one_blas_thread() -> None:
 
     blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
     assert blas and all(pool["num_threads"] == 1 for pool in blas)
+
+
+def test_a_search_names_a_local_problem_folder_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from cli.search import spec_from_args
+    from engine.problems import problem_argument
+
+    folder = tmp_path / "mine"
+    shutil.copytree(load_problem("l2norm").folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(tmp_path)
+    # Workers run in another directory (or on another machine): a relative folder would name nothing there.
+    assert problem_argument("mine") == problem_argument("./mine/") == str(folder.resolve())
+    assert problem_argument("mine/problem.py") == str(folder.resolve())
+    assert problem_argument("softmax") == "softmax"  # a built-in name stays a name
+    assert problem_argument("elsewhere/not_here") == "elsewhere/not_here"  # the workers may hold it
+    args = argparse.Namespace(spec=None, problem="mine")
+    assert spec_from_args(args).problem == str(folder.resolve())
