@@ -726,6 +726,10 @@ def _check_kernel_files(folder: Path, module: ModuleType, names: _Declarations) 
             f"{where}: {names.seed} is {seed!r}, which is not a file in {folder}; add the naive kernel there "
             f"(or set {names.seed} to its file name)"
         )
+    try:
+        (folder / seed).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{where}: cannot read {names.seed} {seed!r} as UTF-8 text: {error}") from None
     template = getattr(module, names.template, None)
     if template is None:
         return

@@ -21,7 +21,8 @@ def folder_like(name: str, tmp_path: Path, **edits: tuple[str, str]) -> Path:
         path = folder / file.replace("_", ".", 1)  # problem_py -> problem.py
         text = path.read_text()
         assert old in text, f"{old!r} not in {path}"
-        path.write_text(text.replace(old, new, 1))
+        # surrogateescape: an edit may put in bytes that are not UTF-8 ("\udcff" is the byte 0xff).
+        path.write_bytes(text.replace(old, new, 1).encode("utf-8", "surrogateescape"))
     return folder
 
 
@@ -162,6 +163,11 @@ HOSTILE_FOLDERS = {
         {"problem_py": ('({"rows": 2048, "cols": 1024}, 1.0)', '({"rows": 2048, "cols": 1024}, "heavy")')},
         "loads",
         "must be a (shape, weight) pair, weight > 0",
+    ),
+    "a seed that is not text": (
+        {"seed_c": ("#include", "\udcff#include")},
+        "loads",
+        "cannot read SEED 'seed.c' as UTF-8 text",
     ),
     "template_allows that raises": (
         replaced("template_allows", "raise KeyError('NOPE')"),
