@@ -22,6 +22,7 @@ Everything is read from the environment at call time, so tests can point a proce
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -83,33 +84,27 @@ def metrics_port() -> int | None:
 
 def outage_patience_s() -> float:
     """Seconds an unreachable Postgres or Temporal is waited out before the step fails (``KF_OUTAGE_PATIENCE_S``)."""
-    raw = os.environ.get("KF_OUTAGE_PATIENCE_S", "").strip()
-    if not raw:
-        return DEFAULT_OUTAGE_PATIENCE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ConfigurationError(
-            f"KF_OUTAGE_PATIENCE_S={raw!r} is not a number of seconds >= 0; unset it for the default "
-            f"({DEFAULT_OUTAGE_PATIENCE_S:g}) or set e.g. KF_OUTAGE_PATIENCE_S=900"
-        )
-    return value
+    return _seconds("KF_OUTAGE_PATIENCE_S", DEFAULT_OUTAGE_PATIENCE_S, zero_ok=True, example="900")
 
 
 def problem_call_s() -> float:
     """Seconds one call of a problem.py data function may run before it counts as hung (``KF_PROBLEM_CALL_S``)."""
-    raw = os.environ.get("KF_PROBLEM_CALL_S", "").strip()
+    return _seconds("KF_PROBLEM_CALL_S", DEFAULT_PROBLEM_CALL_S, zero_ok=False, example="600")
+
+
+def _seconds(name: str, default: float, *, zero_ok: bool, example: str) -> float:
+    """The environment variable ``name`` as a finite number of seconds (>= 0 with ``zero_ok``, else > 0);
+    ``default`` when unset; anything else is a ConfigurationError naming the variable and the fix."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_PROBLEM_CALL_S
+        return default
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
+        value = math.nan
+    if not ((value >= 0 if zero_ok else value > 0) and value < math.inf):  # NaN fails both
         raise ConfigurationError(
-            f"KF_PROBLEM_CALL_S={raw!r} is not a number of seconds > 0; unset it for the default "
-            f"({DEFAULT_PROBLEM_CALL_S:g}) or set e.g. KF_PROBLEM_CALL_S=600"
+            f"{name}={raw!r} is not a number of seconds {'>=' if zero_ok else '>'} 0; unset it for the default "
+            f"({default:g}) or set e.g. {name}={example}"
         )
     return value
