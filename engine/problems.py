@@ -531,7 +531,7 @@ def problem_argument(text: str) -> str:
         folder = _problem_folder(text)
     except OSError:  # not a usable path here: the workers will say so
         return text
-    if folder is None or (SUITE_DIR / text / "problem.py").is_file():
+    if folder is None or folder == SUITE_DIR / text:  # nothing here, or a built-in name
         return text
     return str(folder.resolve())
 
@@ -680,6 +680,10 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
                 and 0 < entry[1] < math.inf
             ):
                 raise UserError(f"{where}: {name} entry {entry!r} must be a (shape, weight) pair, weight > 0")
+    for function in ("make_inputs", "reference", "baseline", "roofline"):
+        if not callable(getattr(module, function)):
+            raise UserError(f"{where}: {function} must be a function (see docs/problems.md)")
+    memory = psutil.virtual_memory().total
     for label, shapes in (
         ("VALIDATION_SHAPES", list(module.VALIDATION_SHAPES)),
         *((name, [s for s, _ in benchmark]) for name, benchmark in benchmarks.items()),
@@ -689,15 +693,6 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
         for shape in shapes:
             if set(shape) != sizes or any(not isinstance(v, int) or v < 1 for v in shape.values()):
                 raise UserError(f"{where}: {label} entry {shape!r} must give each of {sorted(sizes)} a positive int")
-    for function in ("make_inputs", "reference", "baseline", "roofline"):
-        if not callable(getattr(module, function)):
-            raise UserError(f"{where}: {function} must be a function (see docs/problems.md)")
-    memory = psutil.virtual_memory().total
-    for label, shapes in (
-        ("VALIDATION_SHAPES", list(module.VALIDATION_SHAPES)),
-        *((name, [s for s, _ in benchmark]) for name, benchmark in benchmarks.items()),
-    ):
-        for shape in shapes:
             needed = sum(
                 math.prod(shape[d] for d in p.shape) * np.dtype(DTYPES[p.dtype]).itemsize for p in params if p.is_array
             )
