@@ -52,7 +52,7 @@ def template_sample(problem: Any, count: int, rng: random.Random) -> list[dict[s
     if not space:
         return []
     settings = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
-    allowed = [s for s in settings if problem.template_allows(s)]
+    allowed = [s for s, ok in zip(settings, problem.allowed(settings), strict=True) if ok]
     rng.shuffle(allowed)
     return allowed[:count]
 

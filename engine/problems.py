@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from engine.config import problem_call_s
 from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
+from engine.problem_host import HostEnded, ProblemHost, Raised, forget, host_for
 from kernels import SUITE_DIR
 
 # References and baselines run in the judge's own process, from several threads (a worker runs steps
@@ -130,9 +131,10 @@ class Param:
 
 
 WATCHED_FUNCTIONS = frozenset({"make_inputs", "reference", "baseline", "tolerance_for"})
-"""problem.py's data functions, which the judge calls with a deadline (KF_PROBLEM_CALL_S): they work on whole
-arrays, where a hang (an endless loop, a sleep, a lock) is as likely as in any user code. The small pure ones
-(roofline, template_allows) are called directly: the proposers call template_allows once per setting."""
+"""A built-in problem.py's data functions, which the judge calls in a thread with a deadline
+(KF_PROBLEM_CALL_S): they work on whole arrays. The small pure ones (roofline, template_allows) are called
+directly. A user's folder runs all of them in its host process instead (engine/problem_host.py), where a hung
+call can be killed."""
 
 
 _PRINTS_LOCK = threading.Lock()
@@ -225,6 +227,9 @@ class Problem:
     module: ModuleType = field(repr=False)
     params: tuple[Param, ...]
     backend: str = "cpu"
+    host: ProblemHost | None = field(default=None, repr=False, compare=False)
+    """The child process that runs problem.py's functions (engine/problem_host.py); None for a built-in
+    problem, whose functions run in this process."""
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -338,9 +343,24 @@ class Problem:
     def _call(self, function: str, *args: Any) -> Any:
         """``function`` of problem.py called with ``args``. What it raises is said as a ProblemDefinitionError
         that names the function, the shape and the fix: a user's problem.py may hold anything, and its bug is
-        neither the kernel's verdict nor the harness's."""
+        neither the kernel's verdict nor the harness's. A user's folder runs in its host process, every call
+        with the deadline (KF_PROBLEM_CALL_S); a built-in one here, its data functions with the deadline."""
         shown = ", ".join(_shown(a) for a in args)
         where = f"{self.folder / 'problem.py'} {function}({shown})"
+        if self.host is not None:
+            try:
+                value = self.host.call(function, args, problem_call_s())
+            except HostEnded as ended:
+                raise ProblemDefinitionError(
+                    f"{where} {ended.how}; look for an endless loop, a wait or an exit in problem.py, or make the "
+                    "shape smaller",
+                    hung=ended.hung,
+                ) from None
+            if isinstance(value, Raised):
+                if value.memory:
+                    raise self._out_of_memory(where)
+                raise ProblemDefinitionError(f"{where} raised {value.shown}; fix {function}() in problem.py")
+            return value
         call = getattr(self.module, function)
         try:
             with _prints_to_stderr():
@@ -348,14 +368,18 @@ class Problem:
                     return call(*args)
                 return _watched(call, args, problem_call_s(), where)
         except MemoryError:
-            raise ProblemDefinitionError(
-                f"{where} ran out of memory: the shape needs more than this machine has; use smaller shapes "
-                "(docs/problems.md, Shapes)"
-            ) from None
+            raise self._out_of_memory(where) from None
         except ProblemDefinitionError:
             raise
         except (Exception, SystemExit) as error:
             raise ProblemDefinitionError(f"{where} raised {error!r}; fix {function}() in problem.py") from error
+
+    @staticmethod
+    def _out_of_memory(where: str) -> ProblemDefinitionError:
+        return ProblemDefinitionError(
+            f"{where} ran out of memory: the shape needs more than this machine has; use smaller shapes "
+            "(docs/problems.md, Shapes)"
+        )
 
     def _check_outputs(self, function: str, out: Any, shape: dict[str, int], finite: bool) -> dict[str, np.ndarray]:
         """``out``, what ``function`` (reference or baseline) returned: a dict with every output, each an array
@@ -480,8 +504,30 @@ class Problem:
         return {k: list(v) for k, v in getattr(self.module, self._names.template_params, {}).items()}
 
     def template_allows(self, params: dict[str, Any]) -> bool:
+        """Whether the template allows ``params`` (problem.py's template_allows; True when it has none)."""
+        return self.allowed([params])[0]
+
+    def allowed(self, settings: list[dict[str, Any]]) -> list[bool]:
+        """template_allows of each setting, in order: a user's folder answers all of them in one call of its
+        host (a template space has thousands of settings), with one deadline for the lot."""
         name = self._names.template_allows
-        return bool(self._call(name, params)) if getattr(self.module, name, None) else True
+        if not getattr(self.module, name, None):
+            return [True] * len(settings)
+        if self.host is None:
+            return [bool(self._call(name, s)) for s in settings]
+        where = f"{self.folder / 'problem.py'} {name}"
+        try:
+            answers = self.host.map(name, [(s,) for s in settings], problem_call_s())
+        except HostEnded as ended:
+            raise ProblemDefinitionError(
+                f"{where} over {len(settings)} settings {ended.how}; look for an endless loop, a wait or an exit "
+                "in problem.py",
+                hung=ended.hung,
+            ) from None
+        if isinstance(answers, Raised):
+            shown = repr(settings[answers.at]) if answers.at is not None else "a setting"
+            raise ProblemDefinitionError(f"{where}({shown}) raised {answers.shown}; fix {name}() in problem.py")
+        return [bool(a) for a in answers]
 
     def render_template(self, params: dict[str, Any]) -> str:
         """The template's source with every ``{{NAME}}`` replaced by its parameter value."""
@@ -497,11 +543,16 @@ class Problem:
 
     def fingerprint(self) -> str:
         """Hash of the problem folder's files: evidence records which definition judged a candidate."""
-        digest = hashlib.sha256()
-        for path in sorted(self.folder.iterdir()):
-            if path.is_file() and path.suffix in (".py", ".c", ".h", ".cu", ".json"):
-                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        return digest.hexdigest()
+        return folder_fingerprint(self.folder)
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """Hash of a problem folder's files (its .py, .c, .h, .cu and .json files, by name and content)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix in (".py", ".c", ".h", ".cu", ".json"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def builtin_problems(backend: str | None = None) -> list[str]:
@@ -550,6 +601,7 @@ def load_problem(name_or_path: str | Path) -> Problem:
             "(see docs/problems.md)"
         )
     folder = folder.resolve()
+    host = _started_host(folder)
     module = _import_problem_module(folder)
     missing = [n for n in REQUIRED if not hasattr(module, n)]
     if missing:
@@ -583,11 +635,37 @@ def load_problem(name_or_path: str | Path) -> Problem:
         _check_cuda_declarations(folder, module)
         _check_kernel_files(folder, module, _NAMES["cuda"])
     # The C view comes first where there is one: it is what every CPU caller has always received.
-    return Problem(name=str(module.NAME), folder=folder, module=module, params=params, backend=backends[0])
+    return Problem(name=str(module.NAME), folder=folder, module=module, params=params, backend=backends[0], host=host)
+
+
+def _module_name(folder: Path) -> str:
+    return f"kf_problem_{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+
+
+def _started_host(folder: Path) -> ProblemHost | None:
+    """The host process of a user's folder, with its problem.py imported (None for a built-in problem). An
+    import that hangs or ends the process is reported here, before this process imports the same file; one
+    that raises is left to that import, which says so as it always has."""
+    if folder.parent == SUITE_DIR.resolve():
+        return None
+    host, new = host_for(folder, _module_name(folder), folder_fingerprint(folder))
+    if new:
+        try:
+            raised = host.start(problem_call_s())
+        except HostEnded as ended:
+            forget(host)
+            raise UserError(
+                f"{folder / 'problem.py'} failed to import: importing it {ended.how}; look for an endless loop, "
+                "a wait or an exit at the top level of problem.py"
+            ) from None
+        if raised is not None:
+            forget(host)
+            return None
+    return host
 
 
 def _import_problem_module(folder: Path) -> ModuleType:
-    module_name = f"kf_problem_{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+    module_name = _module_name(folder)
     spec = importlib.util.spec_from_file_location(module_name, folder / "problem.py")
     if spec is None or spec.loader is None:
         raise UserError(f"cannot import {folder / 'problem.py'}")

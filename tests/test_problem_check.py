@@ -174,6 +174,38 @@ HOSTILE_FOLDERS = {
         "template",
         "template_allows({",
     ),
+    # problem.py runs in a process of its own (engine/problem_host.py): what ends or hangs it is the problem's
+    # error, and neither ends nor blocks the judge.
+    "an import that never returns": (
+        {"problem_py": ("import numpy as np\n", "import numpy as np\nwhile True:\n    pass\n")},
+        "loads",
+        "importing it did not return within 1 s (KF_PROBLEM_CALL_S)",
+    ),
+    "an os._exit at import": (
+        {"problem_py": ("import numpy as np\n", "import numpy as np\nimport os\nos._exit(0)\n")},
+        "loads",
+        "importing it ended the process that ran it with exit status 0",
+    ),
+    "a reference that exits the process": (
+        replaced("reference", "import os; os._exit(5)"),
+        "baseline",
+        "reference(inputs, {'rows': 1, 'cols': 1}) ended the process that ran it with exit status 5",
+    ),
+    "a make_inputs that spins and never returns": (
+        replaced("make_inputs", "while True: pass"),
+        "baseline",
+        "did not return within 1 s (KF_PROBLEM_CALL_S)",
+    ),
+    "a template_allows that never returns": (
+        replaced("template_allows", "while True: pass"),
+        "template",
+        "template_allows over 2304 settings did not return within 1 s",
+    ),
+    "a roofline that crashes the interpreter": (
+        replaced("roofline", "import ctypes; ctypes.string_at(0)"),
+        "seed_timing",
+        "ended the process that ran it: killed by SIGSEGV",
+    ),
 }
 
 
@@ -192,7 +224,8 @@ def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(
     assert check in failed, result
     assert phrase in failed[check] and "problem.py" in failed[check], failed[check]
     if hangs:  # every later check would wait as long: they are skipped, saying why
-        assert [c.status for c in result.checks[2:]] == ["skipped"] * (len(result.checks) - 2), result
+        after = [c.status for c in result.checks][[c.name for c in result.checks].index(check) + 1 :]
+        assert after == ["skipped"] * len(after), result
     # A folder that loads but whose reference or roofline is bad is refused by the harness too: bad input (exit
     # status 2), never a verdict on the kernel. (`kf evaluate` of a source never asks template_allows.)
     if check in ("baseline", "seed_timing"):
@@ -208,7 +241,7 @@ def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) 
 
 
 def test_what_problem_py_prints_stays_off_the_json_on_standard_output(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     folder = folder_like(
         "l2norm",
@@ -221,8 +254,10 @@ def test_what_problem_py_prints_stays_off_the_json_on_standard_output(
         .replace('    x = inputs["x"]', "    print('hello from reference')\n    x = inputs[\"x\"]", 1)
     )
     (folder / "problem.py").write_text(text)
+    # capfd, not capsys: the reference prints in problem.py's own process, whose standard output is this
+    # process's standard error (the file descriptor, not sys.stderr).
     assert kf(["problem", "check", str(folder), "--no-timing", "--json"]) == 0
-    captured = capsys.readouterr()
+    captured = capfd.readouterr()
     assert json.loads(captured.out)["passed"]
     assert "hello at import" in captured.err and "hello from reference" in captured.err
 

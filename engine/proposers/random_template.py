@@ -23,11 +23,11 @@ def _allowed_settings(problem: Problem) -> tuple[dict[str, Any], ...]:
     # A widened space has thousands of settings in a product of tens of thousands: enumerated once per loaded
     # problem (a Problem is immutable; loading a folder again gives a new one), not at every proposal.
     names = sorted(problem.template_params)
-    settings = (
+    settings = [
         dict(zip(names, values, strict=True))
         for values in itertools.product(*(problem.template_params[n] for n in names))
-    )
-    return tuple(s for s in settings if problem.template_allows(s))
+    ]
+    return tuple(s for s, ok in zip(settings, problem.allowed(settings), strict=True) if ok)
 
 
 def template_candidate(problem: Problem, params: dict[str, Any], flags: list[str] | None, **lineage: Any) -> Candidate:

@@ -66,6 +66,9 @@ class RecordedSpace(Problem):
     def template_allows(self, params: dict[str, Any]) -> bool:
         return self.recorded is None or setting_key(params) in self.recorded
 
+    def allowed(self, settings: list[dict[str, Any]]) -> list[bool]:
+        return [self.template_allows(s) for s in settings]
+
     def render_template(self, params: dict[str, Any]) -> str:
         return f"/* {self.name}: replayed template setting {setting_key(params)} */\n"
 

@@ -1,0 +1,109 @@
+"""A user's problem.py runs in a process of its own (engine/problem_host.py): what it does there cannot hang or
+end the judge, a hung call's process is killed, and its results are what an in-process call would give."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from engine.errors import ProblemDefinitionError
+from engine.problem_host import close_all
+from engine.problems import Problem, load_problem
+from tests.test_problem_check import folder_like, replaced
+
+
+def host_pid(problem: Problem) -> int:
+    assert problem.host is not None and problem.host._process is not None
+    return problem.host._process.pid
+
+
+def test_a_builtin_problem_runs_here_and_a_copy_of_it_in_its_host_with_the_same_results(tmp_path: Path) -> None:
+    builtin = load_problem("l2norm")
+    copy = load_problem(str(folder_like("l2norm", tmp_path)))
+    assert builtin.host is None and copy.host is not None
+    shape = builtin.benchmark_shapes[0][0]
+    ours, theirs = builtin.make_inputs(shape, "normal", 7), copy.make_inputs(shape, "normal", 7)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_array_equal(np.asarray(ours[name]), np.asarray(theirs[name]))
+    for name, value in builtin.reference(ours, shape).items():
+        np.testing.assert_array_equal(value, copy.reference(theirs, shape)[name])
+    assert builtin.roofline(shape) == copy.roofline(shape)
+    names = sorted(builtin.template_params)
+    settings = [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(builtin.template_params[n] for n in names))
+    ]
+    assert [builtin.template_allows(s) for s in settings] == copy.allowed(settings)
+    assert 0 < sum(copy.allowed(settings)) < len(settings)
+    # The caller's generator advances as it would in process: make_inputs(shape, distribution, rng).
+    here, there = np.random.default_rng(3), np.random.default_rng(3)
+    builtin._call("make_inputs", shape, "normal", here)
+    copy._call("make_inputs", shape, "normal", there)
+    assert here.bit_generator.state == there.bit_generator.state != np.random.default_rng(3).bit_generator.state
+
+
+def test_a_call_that_spins_past_its_deadline_gets_its_process_killed_and_the_next_call_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reference spins while a marker file exists: the first call hangs, the one after the fix returns.
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=(
+            "def reference(",
+            "def reference(*args: object) -> object:\n"
+            "    import pathlib\n"
+            "    while pathlib.Path('spin').exists():\n"
+            "        pass\n"
+            "    return _old_reference(*args)\n\n\ndef _old_reference(",
+        ),
+    )
+    (folder / "spin").touch()
+    monkeypatch.setenv("KF_PROBLEM_CALL_S", "1")
+    problem = load_problem(str(folder))
+    shape = problem.benchmark_shapes[0][0]
+    inputs = problem.make_inputs(shape, "normal", 1)
+    spinning = psutil.Process(host_pid(problem))
+    with pytest.raises(ProblemDefinitionError, match=r"reference\(inputs, .*did not return within 1 s") as error:
+        problem.reference(inputs, shape)
+    assert error.value.hung
+    # Killed, not left spinning on a core for the judge's life (a thread could not be stopped).
+    assert not spinning.is_running() or spinning.status() == psutil.STATUS_ZOMBIE
+    (folder / "spin").unlink()
+    assert set(problem.reference(inputs, shape)) == {"y"}
+    assert host_pid(problem) != spinning.pid
+
+
+def test_a_problem_that_ends_its_process_or_returns_what_cannot_travel_is_the_problems_error(
+    tmp_path: Path,
+) -> None:
+    exits = load_problem(
+        str(folder_like("l2norm", tmp_path / "a", **replaced("make_inputs", "import os; os._exit(7)")))
+    )
+    with pytest.raises(ProblemDefinitionError, match=r"make_inputs.*ended the process that ran it with exit status 7"):
+        exits.make_inputs({"rows": 1, "cols": 1}, "normal", 0)
+    lambdas = load_problem(str(folder_like("l2norm", tmp_path / "b", **replaced("roofline", "return lambda: 1"))))
+    with pytest.raises(
+        ProblemDefinitionError, match=r"roofline\(\{'rows': 1, 'cols': 1\}\) raised a result that cannot"
+    ):
+        lambdas.roofline({"rows": 1, "cols": 1})
+    # The host survives the refused result and serves the next call.
+    assert (
+        load_problem("l2norm").make_inputs({"rows": 1, "cols": 1}, "normal", 0).keys()
+        == lambdas.make_inputs({"rows": 1, "cols": 1}, "normal", 0).keys()
+    )
+
+
+def test_no_host_outlives_the_judge(tmp_path: Path) -> None:
+    problem = load_problem(str(folder_like("l2norm", tmp_path)))
+    child = psutil.Process(host_pid(problem))
+    assert "engine.problem_host" in " ".join(child.cmdline())
+    close_all()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    # A problem loaded before close_all starts a new host when it is called again.
+    assert problem.roofline({"rows": 1, "cols": 1})["bytes"] > 0
