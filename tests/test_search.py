@@ -273,24 +273,29 @@ async def test_bad_input_fails_the_search_at_once(
     assert message in str(failure.value.cause)
 
 
+@pytest.mark.parametrize(
+    ("broken", "said"),
+    [
+        ('return {"y": inputs["x"] * np.nan}', "a reference must be finite"),
+        # In the worker's own process this would end the worker (here: the test run); the problem's host ends.
+        ("import os; os._exit(3)", "ended the process that ran it with exit status 3"),
+    ],
+    ids=["nan", "exit"],
+)
 async def test_a_broken_problem_definition_stops_the_search_with_its_reason(
-    client: Client, store: EventStore, prefix: str, tmp_path: Path
+    client: Client, store: EventStore, prefix: str, tmp_path: Path, broken: str, said: str
 ) -> None:
-    # A folder that loads, but whose reference is NaN: no candidate can be judged, and none is to blame.
-    folder = tmp_path / "nan_reference"
+    # A folder that loads, but whose reference is unusable: no candidate can be judged, and none is to blame.
+    folder = tmp_path / "broken_reference"
     shutil.copytree(COPY_PROBLEM, folder, ignore=shutil.ignore_patterns("__pycache__"))
     problem_py = folder / "problem.py"
-    problem_py.write_text(
-        problem_py.read_text().replace(
-            'return {"y": inputs["x"].astype(np.float64)}', 'return {"y": inputs["x"] * np.nan}'
-        )
-    )
+    problem_py.write_text(problem_py.read_text().replace('return {"y": inputs["x"].astype(np.float64)}', broken))
     async with running_worker(client, store, prefix):
         handle = await start(client, prefix, {"problem": str(folder), "generations": 3, **QUICK})
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), timeout=120)
     message = str(failure.value.cause)
-    assert "the problem's definition failed, not a kernel" in message and "a reference must be finite" in message
+    assert "the problem's definition failed, not a kernel" in message and said in message
     assert str(problem_py) in message
     # It stopped at the seed, and what it met is recorded as the harness's failure, never as a kernel's verdict.
     events = await store.read_stream(stream_of(handle.id))
