@@ -4,6 +4,9 @@ end the judge, a hung call's process is killed, and its results are what an in-p
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +110,27 @@ def test_no_host_outlives_the_judge(tmp_path: Path) -> None:
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     # A problem loaded before close_all starts a new host when it is called again.
     assert problem.roofline({"rows": 1, "cols": 1})["bytes"] > 0
+
+
+def test_a_host_busy_in_problem_code_ends_when_its_judge_is_killed(tmp_path: Path) -> None:
+    # A judge killed with SIGKILL runs no exit handler; the host it left spinning in a call must still end.
+    folder = folder_like("l2norm", tmp_path, **replaced("roofline", "while True: pass"))
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[2])\n"
+        "from engine.problems import load_problem\n"
+        "p = load_problem(sys.argv[1])\n"
+        "print(p.host._process.pid, flush=True)\n"
+        "p.roofline({'rows': 1, 'cols': 1})\n"
+    )
+    judge = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder), str(Path(__file__).resolve().parent.parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert judge.stdout is not None
+    host = psutil.Process(int(judge.stdout.readline()))
+    time.sleep(0.5)  # the roofline call is spinning in the host now
+    assert host.is_running() and host.cpu_percent(0.2) > 10
+    judge.kill()
+    judge.wait()
+    host.wait(10)  # raises TimeoutExpired if it is still spinning
