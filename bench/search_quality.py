@@ -31,6 +31,9 @@ b evaluated):
   the landscape's optimum, negative worse than random (Kernel Tuner's methodology, in speedup terms);
 - score_interval[proposer][problem][b]: its 95% confidence interval over the repetitions' seeds
   (engine/replay/scoring.py): two proposers' scores differ only where their intervals part;
+- share_of_optimum[proposer][problem][b]: E[best(b)] / optimum, and random_share_of_optimum[problem][b] =
+  R(b) / optimum: where the score's 0 and 1 lie. Where random search's best is already within a few percent of
+  the optimum, a search that ends a few percent short scores low; these say how short;
 - evals_to_95pct[proposer][problem]: the median over repetitions of the evaluations until a setting with
   v >= 0.95 × optimum was evaluated (null when more than half the repetitions did not: within --horizon
   evaluations for our proposers, within the largest budget for Kernel Tuner's; evals_to_95pct_within);
@@ -84,7 +87,14 @@ from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import Proposer
 from engine.replay.landscape import Landscape, stored_recordings
 from engine.replay.recording import DEFAULT_BUDGET_S, DEFAULT_REPEATS, RecordingPlan, record_landscape
-from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score, score_interval
+from engine.replay.scoring import (
+    best_at,
+    median_evals_to,
+    random_expected_best,
+    score,
+    score_interval,
+    share_of_optimum,
+)
 from engine.replay.simulation import DEFAULT_PER_GENERATION, ReplayLessons, recorded_space, replay_search
 
 DEFAULT_MAX_SETTINGS = 128
@@ -395,6 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     budgets = list(BUDGETS)
     scores: dict[str, dict[str, dict[str, float | None]]] = {}
     intervals: dict[str, dict[str, dict[str, list[float] | None]]] = {}
+    shares: dict[str, dict[str, dict[str, float | None]]] = {}
     evals: dict[str, dict[str, float | None]] = {}
     seconds: dict[str, dict[str, float]] = {}
     failures: dict[str, dict[str, str]] = {}
@@ -408,6 +419,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def scored(who: str, name: str, landscape: Landscape, by_budget: dict[int, list[list[float | None]]]) -> None:
         scores.setdefault(who, {})[name] = {str(b): score(landscape, by_budget[b], b) for b in budgets}
+        shares.setdefault(who, {})[name] = {
+            str(b): None if (x := share_of_optimum(landscape, by_budget[b], b)) is None else round(x, 4)
+            for b in budgets
+        }
         intervals.setdefault(who, {})[name] = {
             str(b): None if (ci := score_interval(landscape, by_budget[b], b)) is None else [round(x, 3) for x in ci]
             for b in budgets
@@ -425,7 +440,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             scored(who, name, landscape, {b: runs for b in budgets} | {horizon: runs})
             say(
                 f"{name} {who}: score {scores[who][name]} (95% {intervals[who][name]}), "
-                f"evals_to_95pct {evals[who][name]}"
+                f"share_of_optimum {shares[who][name]}, evals_to_95pct {evals[who][name]}"
             )
             if who == "search":
                 reps = max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
@@ -451,11 +466,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             scored(who, name, landscape, by_budget)
             say(
                 f"{name} {who}: score {scores[who][name]} (95% {intervals[who][name]}), "
-                f"evals_to_95pct {evals[who][name]}"
+                f"share_of_optimum {shares[who][name]}, evals_to_95pct {evals[who][name]}"
             )
     figures |= {
         "score": scores,
         "score_interval": intervals,
+        "share_of_optimum": shares,
+        "random_share_of_optimum": {
+            name: {str(b): round(random_expected_best(landscape, b) / landscape.optimum, 4) for b in budgets}
+            for name, (landscape, _) in found.items()
+            if landscape.optimum > 0
+        },
         "evals_to_95pct": evals,
         "repetitions": {"proposers": args.repetitions, "kernel_tuner": args.kernel_tuner_repetitions},
         # evals_to_95pct looks this far: a replayed proposer's searches run to the horizon, Kernel Tuner's

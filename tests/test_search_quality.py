@@ -33,7 +33,14 @@ from engine.replay.landscape import (
     stream_of,
 )
 from engine.replay.recording import RecordingPlan, record_landscape
-from engine.replay.scoring import best_at, median_evals_to, random_expected_best, score, score_interval
+from engine.replay.scoring import (
+    best_at,
+    median_evals_to,
+    random_expected_best,
+    score,
+    score_interval,
+    share_of_optimum,
+)
 from engine.replay.simulation import ReplayLessons, recorded_space, replay_search
 from engine.search.candidates import Candidate
 from engine.search.spec import PromotionPolicy
@@ -138,6 +145,11 @@ def test_random_search_scores_about_zero_and_the_oracle_one() -> None:
     for budget in (8, 16):
         assert abs(score(landscape, random_runs, budget) or 0.0) < 0.15
         assert score(landscape, oracle_runs, budget) == pytest.approx(1.0)
+        assert share_of_optimum(landscape, oracle_runs, budget) == pytest.approx(1.0)
+        # Random search's share is R(b) / optimum: where the score's 0 lies.
+        random_share = share_of_optimum(landscape, random_runs, budget) or 0.0
+        assert random_share == pytest.approx(random_expected_best(landscape, budget) / landscape.optimum, rel=0.03)
+        assert random_share < 1.0
     assert median_evals_to(landscape, oracle_runs, 0.95) == 1
 
 

@@ -62,6 +62,16 @@ def score(landscape: Landscape, searches: Sequence[Sequence[float | None]], budg
     return (expected - baseline) / span
 
 
+def share_of_optimum(landscape: Landscape, searches: Sequence[Sequence[float | None]], budget: int) -> float | None:
+    """E[best(budget)] / optimum: how close the searches' best came to the landscape's optimum on average (1: it
+    was always found). The score places the same mean between random search and the optimum, and on a landscape
+    whose random best is already within a few percent of the optimum it reads low for a search that ends a few
+    percent short; this says how short. None without any search."""
+    if not searches or landscape.optimum <= 0:
+        return None
+    return statistics.fmean(best_at(values, budget, landscape.floor) for values in searches) / landscape.optimum
+
+
 def _scale(landscape: Landscape, budget: int) -> tuple[float, float] | None:
     """(R(budget), optimum - R(budget)): what a mean best(budget) is placed between; None when the span is
     nil (the budget covers the space)."""
