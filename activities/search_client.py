@@ -63,9 +63,17 @@ def search_attributes(spec: SearchSpec) -> TypedSearchAttributes:
     )
 
 
+STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
+"""How long the `status` query may wait for a worker to answer. A worker answers within a second; a search whose
+queue no worker has ever polled leaves the query waiting until this deadline (Temporal's own is 30 s), and is
+said as "no worker answers" (activities/temporal_client.py no_worker)."""
+
+
 async def search_status(client: Client, search_id: str) -> SearchStatus:
     """The `status` query of a search (running or closed within retention)."""
-    return await client.get_workflow_handle(search_id).query("status", result_type=SearchStatus)
+    return await client.get_workflow_handle(search_id).query(
+        "status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT
+    )
 
 
 async def send_update(client: Client, search_id: str, name: str, arg: Any = None) -> SearchStatus:

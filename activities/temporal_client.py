@@ -56,9 +56,14 @@ def unreachable(error: BaseException) -> bool:
 
 def no_worker(error: BaseException) -> bool:
     """True when Temporal answered that no worker polls the task queue a query needs (``kf search show`` of a
-    search whose workers are all gone): a service that is down, not news about the search."""
+    search whose workers are all gone), or a query ran out its deadline unanswered (a search whose queue no worker
+    ever polled: Temporal holds the query until then): a service that is down, not news about the search."""
     return any(
-        isinstance(e, RPCError) and e.status == RPCStatusCode.FAILED_PRECONDITION and "poller" in e.message
+        isinstance(e, RPCError)
+        and (
+            (e.status == RPCStatusCode.FAILED_PRECONDITION and "poller" in e.message)
+            or (e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED) and "Timeout" in e.message)
+        )
         for e in _chain(error)
     )
 

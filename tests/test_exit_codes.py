@@ -158,6 +158,12 @@ async def test_every_client_command_exits_with_its_status_every_time(
     orphan = await kf(["search", "show", search_id], env)
     assert_status(orphan, exit_status.MACHINE)
     assert orphan.err.startswith("kf: error: no worker answers for this search") and orphan.err.count("\n") == 1
+    # A search whose queue no worker ever polled: Temporal holds its query until the deadline, unanswered.
+    unserved = await kf(["search", "start", str(unbuildable_problem), "--prefix", f"{prefix}-unserved", "--json"], env)
+    assert_status(unserved, exit_status.OK)
+    waited = await kf(["search", "show", json.loads(unserved.out)["search_id"]], env)
+    assert_status(waited, exit_status.MACHINE)
+    assert waited.err.startswith("kf: error: no worker answers for this search") and waited.err.count("\n") == 1
 
 
 async def read_back(env: dict[str, str], search_id: str, started: list[Done]) -> None:
