@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from test_problem_check import folder_like, replaced
 
 from engine.errors import ProblemDefinitionError
 from engine.problem_host import close_all
 from engine.problems import Problem, load_problem
-from tests.test_problem_check import folder_like, replaced
 
 
 def host_pid(problem: Problem) -> int:
