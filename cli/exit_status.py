@@ -73,7 +73,10 @@ def classify(error: BaseException) -> tuple[int, str] | None:
         if unreachable(error):
             return MACHINE, f"Temporal stopped answering ({text}); check `kf status` and run again"
         if no_worker(error):
-            return MACHINE, f"no worker answers for this search ({text}); start one with `kf worker`"
+            return MACHINE, (
+                f"no worker answers for this search ({text}); start one with `kf worker` "
+                "(`kf audit SEARCH_ID` shows what its event log holds without one)"
+            )
         if not_found(error):
             return BAD_INPUT, f"{text}; `kf search list` shows the search ids"
     if isinstance(error, UserError):
