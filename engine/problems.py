@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import math
+import os
 import re
 import sys
 import threading
@@ -140,17 +141,22 @@ call can be killed."""
 _PRINTS_LOCK = threading.Lock()
 _prints_depth = 0
 _prints_saved: Any = None
+_prints_saved_fd: int | None = None
 
 
 @contextlib.contextmanager
 def _prints_to_stderr() -> Iterator[None]:
     """What problem.py prints while it is imported or called goes to stderr: standard output is the command's
-    (`kf problem check --json` prints one JSON document there). Counted, so that calls from several threads at
-    once restore the real stream only when the last one is done."""
-    global _prints_depth, _prints_saved
+    (`kf problem check --json` prints one JSON document there). Both sys.stdout and file descriptor 1 (what
+    ``os.write(1, …)`` or a C library's printf writes to) point at stderr meanwhile. Counted, so that calls from
+    several threads at once restore the real stream only when the last one is done."""
+    global _prints_depth, _prints_saved, _prints_saved_fd
     with _PRINTS_LOCK:
         if _prints_depth == 0:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
             _prints_saved, sys.stdout = sys.stdout, sys.stderr
+            _prints_saved_fd = _point_stdout_at_stderr()
         _prints_depth += 1
     try:
         yield
@@ -159,6 +165,24 @@ def _prints_to_stderr() -> Iterator[None]:
             _prints_depth -= 1
             if _prints_depth == 0:
                 sys.stdout, _prints_saved = _prints_saved, None
+                if _prints_saved_fd is not None:
+                    os.dup2(_prints_saved_fd, 1)
+                    os.close(_prints_saved_fd)
+                    _prints_saved_fd = None
+
+
+def _point_stdout_at_stderr() -> int | None:
+    """Point file descriptor 1 at what 2 is, returning a copy of what 1 was (None where either is closed)."""
+    try:
+        saved = os.dup(1)
+    except OSError:
+        return None
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(saved)
+        return None
+    return saved
 
 
 def _watched(call: Callable[..., Any], args: tuple[Any, ...], seconds: float, where: str) -> Any:

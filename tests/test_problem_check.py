@@ -246,7 +246,10 @@ def test_what_problem_py_prints_stays_off_the_json_on_standard_output(
     folder = folder_like(
         "l2norm",
         tmp_path,
-        problem_py=("def reference(", "print('hello at import')\n\n\ndef reference("),
+        problem_py=(
+            "def reference(",
+            "print('hello at import')\nimport os\nos.write(1, b'raw bytes at import\\n')\n\n\ndef reference(",
+        ),
     )
     text = (
         (folder / "problem.py")
@@ -260,6 +263,7 @@ def test_what_problem_py_prints_stays_off_the_json_on_standard_output(
     captured = capfd.readouterr()
     assert json.loads(captured.out)["passed"]
     assert "hello at import" in captured.err and "hello from reference" in captured.err
+    assert "raw bytes at import" in captured.err
 
 
 def test_the_problem_call_deadline_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
