@@ -213,6 +213,13 @@ def _watched(call: Callable[..., Any], args: tuple[Any, ...], seconds: float, wh
     raise value
 
 
+def _host_ended(where: str, ended: HostEnded, hint: str = "") -> ProblemDefinitionError:
+    """The problem's error for a call (``where``) whose host process hung or ended."""
+    return ProblemDefinitionError(
+        f"{where} {ended.how}; look for an endless loop, a wait or an exit in problem.py{hint}", hung=ended.hung
+    )
+
+
 def _shown(value: Any) -> str:
     """An argument of a problem.py function as an error message shows it: shapes, names and template settings
     as they are, inputs (arrays) and the random generator by what they are."""
@@ -375,11 +382,7 @@ class Problem:
             try:
                 value = self.host.call(function, args, problem_call_s())
             except HostEnded as ended:
-                raise ProblemDefinitionError(
-                    f"{where} {ended.how}; look for an endless loop, a wait or an exit in problem.py, or make the "
-                    "shape smaller",
-                    hung=ended.hung,
-                ) from None
+                raise _host_ended(where, ended, ", or make the shape smaller") from None
             if isinstance(value, Raised):
                 if value.memory:
                     raise self._out_of_memory(where)
@@ -543,11 +546,7 @@ class Problem:
         try:
             answers = self.host.map(name, [(s,) for s in settings], problem_call_s())
         except HostEnded as ended:
-            raise ProblemDefinitionError(
-                f"{where} over {len(settings)} settings {ended.how}; look for an endless loop, a wait or an exit "
-                "in problem.py",
-                hung=ended.hung,
-            ) from None
+            raise _host_ended(f"{where} over {len(settings)} settings", ended) from None
         if isinstance(answers, Raised):
             shown = repr(settings[answers.at]) if answers.at is not None else "a setting"
             raise ProblemDefinitionError(f"{where}({shown}) raised {answers.shown}; fix {name}() in problem.py")
