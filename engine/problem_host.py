@@ -51,10 +51,12 @@ class HostEnded(Exception):
     """The child ended, or was killed because a call ran past its deadline (``hung``): ``how`` says which, in
     words."""
 
-    def __init__(self, how: str, *, hung: bool = False) -> None:
+    def __init__(self, how: str, *, hung: bool = False, killed: bool = False) -> None:
         super().__init__(how)
         self.how = how
         self.hung = hung
+        self.killed = killed
+        """Ended by a SIGKILL the judge did not send: the kernel's out-of-memory killer, or an operator."""
 
 
 @dataclass(frozen=True)
@@ -116,20 +118,32 @@ class ProblemHost:
         """Send ``message`` (starting the child first if there is none) and wait up to ``seconds`` for the
         reply: the reply, or Raised when the child answered that the call (or the import) raised."""
         with self._lock:
-            if self._connection is None:
-                raised = self._start(seconds)
-                if raised is not None:
-                    self._stop()
-                    return raised
-            assert self._connection is not None
             try:
-                self._connection.send(message)
-            except OSError:
-                raise self._ended() from None
-            reply = self._receive(seconds)
+                reply = self._exchange(message, seconds)
+            except HostEnded as ended:
+                if not ended.killed:
+                    raise
+                # Killed from outside (the machine ran short of memory, say): not necessarily problem.py's
+                # doing, so a fresh child gets the call once more; a second kill is the problem's error.
+                reply = self._exchange(message, seconds)
+            if isinstance(reply, Raised):
+                return reply
             if reply[0] == "raised":
                 return Raised(reply[1], reply[2], reply[3] if len(reply) > 3 else None)
             return reply
+
+    def _exchange(self, message: tuple[Any, ...], seconds: float) -> Any:
+        if self._connection is None:
+            raised = self._start(seconds)
+            if raised is not None:
+                self._stop()
+                return raised
+        assert self._connection is not None
+        try:
+            self._connection.send(message)
+        except OSError:
+            raise self._ended() from None
+        return self._receive(seconds)
 
     def _start(self, seconds: float) -> Raised | None:
         self._stop()
@@ -176,7 +190,7 @@ class ProblemHost:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = process.wait(CLOSE_GRACE_S)
         self._stop()
-        return HostEnded(_exit_words(code))
+        return HostEnded(_exit_words(code), killed=code == -signal.SIGKILL)
 
     def _stop(self) -> None:
         connection, process = self._connection, self._process

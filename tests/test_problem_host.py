@@ -134,3 +134,26 @@ def test_a_host_busy_in_problem_code_ends_when_its_judge_is_killed(tmp_path: Pat
     judge.kill()
     judge.wait()
     host.wait(10)  # raises TimeoutExpired if it is still spinning
+
+
+def test_a_host_killed_from_outside_gets_the_call_again_once(tmp_path: Path) -> None:
+    # The reference's process is SIGKILLed (as the out-of-memory killer would) the first time only: the call is
+    # answered by a fresh process. Killed every time, it is the problem's error, naming the signal.
+    body = (
+        "import os, pathlib, signal\n"
+        "    if pathlib.Path('kill').exists():\n"
+        "        pathlib.Path('kill').unlink()\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return _old_reference(*args)"
+    )
+    once = load_problem(str(folder_like("l2norm", tmp_path / "once", **replaced("reference", body))))
+    (once.folder / "kill").touch()
+    shape = once.benchmark_shapes[0][0]
+    inputs = once.make_inputs(shape, "normal", 1)
+    assert set(once.reference(inputs, shape)) == {"y"}
+    assert not (once.folder / "kill").exists()
+    always = replaced("reference", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    killed = load_problem(str(folder_like("l2norm", tmp_path / "always", **always)))
+    with pytest.raises(ProblemDefinitionError, match="killed by SIGKILL") as error:
+        killed.reference(inputs, shape)
+    assert not error.value.hung
