@@ -11,9 +11,16 @@ the problem's error, naming the function and how the process ended. The next cal
 Built-in problems (``kernels/``) are part of the project and run in the judge's process; a copy of one in
 another folder is a user's folder like any other.
 
+The judge never imports a user's problem.py itself: the child sends the module's declarations (NAME, PARAMS,
+the shapes, which functions it defines, ...) once it has imported it, and the judge builds the Problem from
+those (``HostedModule``). An import that starts a thread, installs a signal handler, changes the working
+directory or patches numpy does so in the child, never in the process that compares a kernel's outputs.
+
 Arguments and results travel pickled over a socket pair (``multiprocessing.connection``): shapes, names,
 settings, the random generator and whole input arrays. The generator's state comes back after the call, so
-``make_inputs(shape, distribution, rng)`` advances the caller's generator as an in-process call would. The
+``make_inputs(shape, distribution, rng)`` advances the caller's generator as an in-process call would. What
+comes back is unpickled with an allow-list (``judge_loads``): containers, numbers, strings and numpy arrays,
+never an arbitrary class, since unpickling one can run any code its ``__reduce__`` names in the judge. The
 child's standard output is the judge's standard error: what problem.py prints must not end up in a command's
 output (``kf problem check --json`` prints one JSON document there).
 """
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -61,14 +70,99 @@ class HostEnded(Exception):
 
 @dataclass(frozen=True)
 class Raised:
-    """What a problem.py function raised in the child, as the judge reports it."""
+    """What a problem.py function raised in the child, or returned that the judge refused, as the judge
+    reports it."""
 
     shown: str
-    """``repr`` of the exception."""
+    """``repr`` of the exception; with ``refused``, the class the result held."""
     memory: bool
     """It was a MemoryError: the shape needs more memory than the machine has."""
     at: int | None = None
     """In a mapped call (ProblemHost.map), the index of the arguments it raised on."""
+    refused: bool = False
+    """The call returned, but its result holds an object of a class the judge does not unpickle."""
+
+    def words(self, function: str) -> str:
+        """What happened, with the fix, after the call's description: "raised ...; fix ...", or "returned ..."."""
+        if self.refused:
+            return (
+                f"returned an object of class {self.shown}, which the judge does not accept (unpickling it could run "
+                "code in the judge's process); return numpy arrays, numbers, strings, lists, tuples or dicts"
+            )
+        return f"raised {self.shown}; fix {function}() in problem.py"
+
+
+_SAFE_GLOBALS = frozenset(
+    {
+        *(("builtins", n) for n in ("complex", "set", "frozenset", "bytearray", "range", "slice")),
+        ("collections", "OrderedDict"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        # numpy 2 pickles arrays and scalars through numpy._core, numpy 1 through numpy.core.
+        *((f"numpy.{core}.multiarray", n) for core in ("_core", "core") for n in ("_reconstruct", "scalar")),
+        *((f"numpy.{core}.numeric", "_frombuffer") for core in ("_core", "core")),
+    }
+)
+"""The only globals a pickle from the child may name: the containers pickle has no opcode for, and what numpy
+arrays, dtypes and scalars are rebuilt with."""
+
+
+class Refused(pickle.UnpicklingError):
+    """A pickle from the child named a global outside the allow-list; ``name`` is ``module.qualname``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"refused to unpickle {name}")
+        self.name = name
+
+
+class _JudgeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _SAFE_GLOBALS:
+            raise Refused(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def judge_loads(data: bytes) -> Any:
+    """Unpickle what the child sent with the allow-list: Refused when it names any other class or function."""
+    return _JudgeUnpickler(io.BytesIO(data)).load()
+
+
+class HostedFunction:
+    """A function problem.py defines: it runs in the host process, through Problem, never here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"problem.py's {self.name}() runs in its host process; call it through Problem")
+
+    def __repr__(self) -> str:
+        return f"<function {self.name} of problem.py, in its host process>"
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A declaration of problem.py the judge cannot receive: one pickle cannot carry, or whose class is not
+    on the allow-list. The load's checks name it with its type."""
+
+    type_name: str
+
+    def __repr__(self) -> str:
+        return f"<a {self.type_name} the judge cannot receive>"
+
+
+class HostedModule:
+    """A user's problem.py as its host process imported it: its declarations as values, its functions as
+    HostedFunction. Attributes read as a module's do (``getattr(module, "FAMILY", ...)``, ``__doc__``)."""
+
+    def __init__(self, folder: Path, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+        doc = values.get("__doc__")
+        self.__doc__ = doc if isinstance(doc, str) else None  # absent: not the class's own docstring
+        self.__file__ = str(folder / "problem.py")
+
+    def __getattr__(self, name: str) -> Any:  # only for names problem.py does not define
+        raise AttributeError(f"problem.py defines no {name}")
 
 
 class ProblemHost:
@@ -80,6 +174,9 @@ class ProblemHost:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._connection: Connection | None = None
+        self.declarations: dict[str, Any] | None = None
+        """problem.py's top-level names as its first import left them (set by ``start``): values the judge
+        could receive, HostedFunction for functions, Unreadable for the rest."""
 
     def start(self, seconds: float) -> Raised | None:
         """Start the child and wait until it has imported problem.py: None when it did, what the import raised
@@ -95,10 +192,13 @@ class ProblemHost:
         reply = self._request(("call", function, args), seconds)
         if isinstance(reply, Raised):
             return reply
-        _, value, states = reply
-        # The generator the caller passed advances as if the call had run here.
-        for index, state in states.items():
-            args[index].bit_generator.state = state
+        try:
+            _, value, states = reply
+            # The generator the caller passed advances as if the call had run here.
+            for index, state in states.items():
+                args[index].bit_generator.state = state
+        except Exception as error:  # problem.py can rewrite the child's side of the exchange too
+            return Raised(f"an unreadable reply ({error!r})", False)
         return value
 
     def map(self, function: str, calls: list[tuple[Any, ...]], seconds: float) -> list[Any] | Raised:
@@ -106,7 +206,12 @@ class ProblemHost:
         whole template space: thousands of calls, each a few microseconds of work). The results, or Raised
         with ``at`` the first call that raised; HostEnded as ``call``, with ``seconds`` for all of them."""
         reply = self._request(("map", function, calls), seconds)
-        return reply if isinstance(reply, Raised) else list(reply[1])
+        if isinstance(reply, Raised):
+            return reply
+        results = reply[1]
+        if not isinstance(results, list) or len(results) != len(calls):
+            return Raised("an unreadable reply (not one answer per call)", False)
+        return results
 
     def close(self) -> None:
         """Stop the child: its socket is closed, which ends a child waiting for a request; one still busy a
@@ -126,11 +231,7 @@ class ProblemHost:
                 # Killed from outside (the machine ran short of memory, say): not necessarily problem.py's
                 # doing, so a fresh child gets the call once more; a second kill is the problem's error.
                 reply = self._exchange(message, seconds)
-            if isinstance(reply, Raised):
-                return reply
-            if reply[0] == "raised":
-                return Raised(reply[1], reply[2], reply[3] if len(reply) > 3 else None)
-            return reply
+            return _parsed(reply)
 
     def _exchange(self, message: tuple[Any, ...], seconds: float) -> Any:
         if self._connection is None:
@@ -169,8 +270,17 @@ class ProblemHost:
             theirs.close()
         self._connection = Connection(ours.detach())
         self._connection.send(("import", str(self.folder / "problem.py"), self.module_name))
-        reply = self._receive(seconds)
-        return None if reply[0] == "ready" else Raised(reply[1], reply[2])
+        reply = _parsed(self._receive(seconds))
+        if isinstance(reply, Raised):
+            return reply
+        if self.declarations is None:
+            # The first import's declarations stand for the host's life: a restart re-imports the same file
+            # (the folder's fingerprint is part of the host's key), and the Problem was built from them.
+            try:
+                self.declarations = _received_declarations(reply[1])
+            except Exception as error:  # problem.py can rewrite the child's side of the exchange too
+                return Raised(f"an unreadable list of declarations ({error!r})", False)
+        return None
 
     def _receive(self, seconds: float) -> Any:
         assert self._connection is not None
@@ -178,9 +288,15 @@ class ProblemHost:
             if not self._connection.poll(seconds):
                 self._stop()
                 raise HostEnded(f"did not return within {seconds:g} s (KF_PROBLEM_CALL_S)", hung=True)
-            return self._connection.recv()
+            data = self._connection.recv_bytes()
         except (EOFError, OSError):
             raise self._ended() from None
+        try:
+            return judge_loads(data)
+        except Refused as refused:
+            return Raised(refused.name, False, refused=True)
+        except Exception as error:  # a pickle the child's own pickling cannot have made: say so, do not crash
+            return Raised(f"an unreadable reply ({error!r})", False)
 
     def _ended(self) -> HostEnded:
         """The child ended on its own: how, from its exit status."""
@@ -208,6 +324,22 @@ class ProblemHost:
                     os.killpg(process.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(CLOSE_GRACE_S)
+
+
+def _parsed(reply: Any) -> Any:
+    """A reply as sent by serve(): a tuple whose first item says what it is. A "raised" one becomes Raised, and
+    so does anything else than a well-formed reply (problem.py runs in the child and can rewrite serve's side
+    of the exchange; the judge must not fail on what it sends)."""
+    if isinstance(reply, Raised):
+        return reply
+    if not isinstance(reply, tuple) or not reply:
+        return Raised(f"an unreadable reply ({type(reply).__name__})", False)
+    kind = reply[0]
+    if kind == "raised" and len(reply) in (3, 4) and isinstance(reply[1], str):
+        return Raised(reply[1], bool(reply[2]), reply[3] if len(reply) == 4 and isinstance(reply[3], int) else None)
+    if (kind == "ok" and len(reply) in (2, 3)) or (kind == "ready" and len(reply) == 2):
+        return reply
+    return Raised(f"an unreadable reply ({str(kind)[:40]!r})", False)
 
 
 def _stderr_fd() -> int:
@@ -300,7 +432,7 @@ def serve() -> None:
             except BaseException as error:  # reported, not acted on: the judge words it
                 _reply(connection, ("raised", repr(error), isinstance(error, MemoryError)))
                 continue
-            _reply(connection, ("ready",))
+            _reply(connection, ("ready", _declarations(module)))
             continue
         if request[0] == "map":
             _reply(connection, _mapped(module, request[1], request[2]))
@@ -313,6 +445,47 @@ def serve() -> None:
             continue
         states = {i: a.bit_generator.state for i, a in enumerate(args) if isinstance(a, np.random.Generator)}
         _reply(connection, ("ok", value, states))
+
+
+def _declarations(module: Any) -> dict[str, tuple[Any, ...]]:
+    """The module's top-level names for the judge, each on its own: ("callable",) for a function or class,
+    ("data", pickle) for a value, ("unpicklable", type name) for one pickle cannot carry. Imported modules and
+    private names (but ``__doc__``) are left out."""
+    import types
+
+    out: dict[str, tuple[Any, ...]] = {}
+    for name, value in vars(module).items():
+        if (name.startswith("_") and name != "__doc__") or isinstance(value, types.ModuleType):
+            continue
+        if callable(value):
+            out[name] = ("callable",)
+            continue
+        try:
+            out[name] = ("data", pickle.dumps(value))
+        except Exception:
+            out[name] = ("unpicklable", type(value).__qualname__)
+    return out
+
+
+def _received_declarations(sent: Any) -> dict[str, Any]:
+    """The judge's side of _declarations: each value unpickled with the allow-list on its own, so one the judge
+    refuses is Unreadable (and named by the load's checks) rather than failing them all."""
+    values: dict[str, Any] = {}
+    for name, entry in dict(sent).items():
+        if not isinstance(name, str) or not name.isidentifier():
+            continue
+        if entry[0] == "callable":
+            values[name] = HostedFunction(name)
+        elif entry[0] == "data":
+            try:
+                values[name] = judge_loads(entry[1])
+            except Refused as refused:
+                values[name] = Unreadable(refused.name)
+            except Exception:
+                values[name] = Unreadable("value")
+        else:
+            values[name] = Unreadable(str(entry[1]))
+    return values
 
 
 def _end_with_the_judge(judge: int) -> None:

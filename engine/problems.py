@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import math
@@ -34,7 +35,7 @@ from threadpoolctl import threadpool_limits
 
 from engine.config import problem_call_s
 from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
-from engine.problem_host import HostEnded, ProblemHost, Raised, forget, host_for
+from engine.problem_host import HostedModule, HostEnded, ProblemHost, Raised, forget, host_for
 from kernels import SUITE_DIR
 
 # References and baselines run in the judge's own process, from several threads (a worker runs steps
@@ -220,6 +221,10 @@ def _host_ended(where: str, ended: HostEnded, hint: str = "") -> ProblemDefiniti
     )
 
 
+ProblemModule = ModuleType | HostedModule
+"""problem.py as the judge holds it: imported (a built-in problem), or its declarations as its host sent them."""
+
+
 def _shown(value: Any) -> str:
     """An argument of a problem.py function as an error message shows it: shapes, names and template settings
     as they are, inputs (arrays) and the random generator by what they are."""
@@ -243,7 +248,7 @@ def cuda_signature(entry: str, params: tuple[Param, ...]) -> str:
     return f'extern "C" __global__ void {entry}({", ".join(args)})'
 
 
-def declared_backends(module: ModuleType) -> tuple[str, ...]:
+def declared_backends(module: ProblemModule) -> tuple[str, ...]:
     """The backends a problem.py declares a kernel for: ``cpu`` with ``ENTRY``, ``cuda`` with ``CUDA_ENTRY``."""
     return tuple(b for b in BACKENDS if hasattr(module, _DECLARES[b]))
 
@@ -255,7 +260,9 @@ class Problem:
 
     name: str
     folder: Path
-    module: ModuleType = field(repr=False)
+    module: ProblemModule = field(repr=False)
+    """problem.py: the module itself for a built-in problem; for a user's folder, the declarations its host
+    process sent (the judge never imports a user's problem.py)."""
     params: tuple[Param, ...]
     backend: str = "cpu"
     host: ProblemHost | None = field(default=None, repr=False, compare=False)
@@ -386,7 +393,7 @@ class Problem:
             if isinstance(value, Raised):
                 if value.memory:
                     raise self._out_of_memory(where)
-                raise ProblemDefinitionError(f"{where} raised {value.shown}; fix {function}() in problem.py")
+                raise ProblemDefinitionError(f"{where} {value.words(function)}")
             return value
         call = getattr(self.module, function)
         try:
@@ -476,7 +483,10 @@ class Problem:
         module (imported by the caller, never here), ``inputs`` hold cupy arrays of the declared storage dtypes
         (``inout`` ones are copies the baseline may overwrite) and numpy scalars; returns a cupy array for
         every ``out`` and ``inout`` name."""
-        out: dict[str, Any] = self.module.cuda_baseline(cp, inputs, shape)
+        # CuPy's arrays live in this process, so here problem.py is imported after all: only the sandboxed GPU
+        # child calls this (engine/harness/cuda/worker.py), a process a crash or a hang may end.
+        module = self.module if self.host is None else _in_process_module(self.folder, self.fingerprint())
+        out: dict[str, Any] = module.cuda_baseline(cp, inputs, shape)
         return out
 
     def decode_output(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -549,7 +559,13 @@ class Problem:
             raise _host_ended(f"{where} over {len(settings)} settings", ended) from None
         if isinstance(answers, Raised):
             shown = repr(settings[answers.at]) if answers.at is not None else "a setting"
-            raise ProblemDefinitionError(f"{where}({shown}) raised {answers.shown}; fix {name}() in problem.py")
+            raise ProblemDefinitionError(f"{where}({shown}) {answers.words(name)}")
+        for setting, answer in zip(settings, answers, strict=True):
+            # bool() of an array raises, and of anything else is a guess: say which setting got what.
+            if not isinstance(answer, bool | int | np.bool_ | np.integer):
+                raise ProblemDefinitionError(
+                    f"{where}({setting!r}) returned {_shown(answer)[:80]}; it must return True or False"
+                )
         return [bool(a) for a in answers]
 
     def render_template(self, params: dict[str, Any]) -> str:
@@ -625,7 +641,12 @@ def load_problem(name_or_path: str | Path) -> Problem:
         )
     folder = folder.resolve()
     host = _started_host(folder)
-    module = _import_problem_module(folder)
+    module: ProblemModule
+    if host is None:
+        module = _import_problem_module(folder)
+    else:
+        assert host.declarations is not None  # set by a start that succeeded
+        module = HostedModule(folder, host.declarations)
     missing = [n for n in REQUIRED if not hasattr(module, n)]
     if missing:
         raise UserError(
@@ -666,25 +687,36 @@ def _module_name(folder: Path) -> str:
 
 
 def _started_host(folder: Path) -> ProblemHost | None:
-    """The host process of a user's folder, with its problem.py imported (None for a built-in problem). An
-    import that hangs or ends the process is reported here, before this process imports the same file; one
-    that raises is left to that import, which says so as it always has."""
+    """The host process of a user's folder, with its problem.py imported and its declarations received (None
+    for a built-in problem, which this process imports). An import that raises, hangs or ends the process is
+    a UserError naming problem.py: this process never imports the file itself."""
     if folder.parent == SUITE_DIR.resolve():
         return None
     host, new = host_for(folder, _module_name(folder), folder_fingerprint(folder))
-    if new:
+    if new or host.declarations is None:
+        where = folder / "problem.py"
         try:
             raised = host.start(problem_call_s())
         except HostEnded as ended:
             forget(host)
             raise UserError(
-                f"{folder / 'problem.py'} failed to import: importing it {ended.how}; look for an endless loop, "
-                "a wait or an exit at the top level of problem.py"
+                f"{where} failed to import: importing it {ended.how}; look for an endless loop, a wait or an exit "
+                "at the top level of problem.py"
             ) from None
         if raised is not None:
             forget(host)
-            return None
+            if raised.refused:
+                raise UserError(f"{where} failed to import: its import {raised.words('import')}")
+            raise UserError(f"{where} failed to import: {raised.shown}")
     return host
+
+
+@functools.cache
+def _in_process_module(folder: Path, fingerprint: str) -> ModuleType:
+    """A user's problem.py imported into this process, once per version of the folder (``fingerprint``): for
+    the sandboxed GPU child's library baseline only (Problem.cuda_baseline)."""
+    del fingerprint  # part of the cache's key: an edited folder is imported anew
+    return _import_problem_module(folder)
 
 
 def _import_problem_module(folder: Path) -> ModuleType:
@@ -703,7 +735,7 @@ def _import_problem_module(folder: Path) -> ModuleType:
     return module
 
 
-def _check_names_and_types(folder: Path, module: ModuleType, backends: tuple[str, ...]) -> None:
+def _check_names_and_types(folder: Path, module: ProblemModule, backends: tuple[str, ...]) -> None:
     """The declarations' types, before anything reads them: names that events, workflow ids and C accept, and
     the lists and tables the format describes (docs/problems.md), each refused with the fix."""
     where = folder / "problem.py"
@@ -757,7 +789,7 @@ def _parse_param(folder: Path, raw: dict[str, Any]) -> Param:
     return Param(name=str(raw["name"]), role=str(raw["role"]), dtype=str(raw["dtype"]), shape=shape)
 
 
-def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, ...]) -> None:
+def _check_declarations(folder: Path, module: ProblemModule, params: tuple[Param, ...]) -> None:
     """Shapes that name every size, positive weights, a tolerance for every output dtype."""
     where = folder / "problem.py"
     sizes = {p.name for p in params if p.role == "size"}
@@ -812,7 +844,7 @@ def _check_declarations(folder: Path, module: ModuleType, params: tuple[Param, .
         )
 
 
-def _check_kernel_files(folder: Path, module: ModuleType, names: _Declarations) -> None:
+def _check_kernel_files(folder: Path, module: ProblemModule, names: _Declarations) -> None:
     """A backend's seed file exists; a template comes with a space of non-empty value lists that names every
     placeholder it has, and ``template_allows`` is a function."""
     where = folder / "problem.py"
@@ -855,7 +887,7 @@ def _check_kernel_files(folder: Path, module: ModuleType, names: _Declarations) 
         raise UserError(f"{where}: {names.template_allows} must be a function (params) -> bool")
 
 
-def _check_cuda_declarations(folder: Path, module: ModuleType) -> None:
+def _check_cuda_declarations(folder: Path, module: ProblemModule) -> None:
     """The CUDA seed and template files exist, a template comes with its parameters, the baseline is callable."""
     where = folder / "problem.py"
     seed = str(getattr(module, "CUDA_SEED", "seed.cu"))

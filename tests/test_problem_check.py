@@ -201,6 +201,11 @@ HOSTILE_FOLDERS = {
         "template",
         "template_allows over 2304 settings did not return within 1 s",
     ),
+    "a template_allows that answers with an array": (
+        replaced("template_allows", "return np.array([1, 2])"),
+        "template",
+        "returned array([1, 2]); it must return True or False",
+    ),
     "a roofline that crashes the interpreter": (
         replaced("roofline", "import ctypes; ctypes.string_at(0)"),
         "seed_timing",

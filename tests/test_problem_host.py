@@ -14,7 +14,7 @@ import psutil
 import pytest
 from test_problem_check import folder_like, replaced
 
-from engine.errors import ProblemDefinitionError
+from engine.errors import ProblemDefinitionError, UserError
 from engine.problem_host import close_all
 from engine.problems import Problem, load_problem
 
@@ -157,3 +157,90 @@ def test_a_host_killed_from_outside_gets_the_call_again_once(tmp_path: Path) -> 
     with pytest.raises(ProblemDefinitionError, match="killed by SIGKILL") as error:
         killed.reference(inputs, shape)
     assert not error.value.hung
+
+
+# What problem.py does at import, aimed at the process that imports it. The judge compares kernels' outputs
+# with numpy, reads its clock and working directory, and handles signals: none of it may change under it.
+MEDDLING_IMPORT = (
+    "import numpy as np\n",
+    "import numpy as np\n"
+    "import os, signal, threading, time\n"
+    "np.isclose = lambda a, b, **k: np.ones(np.broadcast(a, b).shape, dtype=bool)\n"
+    "np.allclose = lambda *a, **k: True\n"
+    "np.all = lambda *a, **k: True\n"
+    "time.perf_counter = lambda: 0.0\n"
+    "os.environ['KF_MEDDLED'] = '1'\n"
+    "os.chdir('/')\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n",
+)
+
+
+def test_what_problem_py_does_at_import_stays_in_its_host(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    cwd, sigint = os.getcwd(), signal.getsignal(signal.SIGINT)
+    # A thread started at import that ends its process a moment later (os._exit runs no handler, no finally).
+    exits_later = "threading.Thread(target=lambda: (time.sleep(1.0), os._exit(9)), daemon=True).start()\n"
+    old, new = MEDDLING_IMPORT
+    problem = load_problem(str(folder_like("l2norm", tmp_path, problem_py=(old, new + exits_later))))
+    host = psutil.Process(host_pid(problem))
+    deadline = time.monotonic() + 10
+    # The thread ends the host, not this process. (Polled: psutil's wait would reap the child and hide its exit
+    # status from the judge.)
+    while host.is_running() and host.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the host did not end"
+        time.sleep(0.05)
+    assert not np.isclose(1.0, 2.0) and not np.allclose([1.0], [2.0]) and not np.all([False])
+    assert time.perf_counter() > 0.0
+    assert "KF_MEDDLED" not in os.environ and os.getcwd() == cwd and signal.getsignal(signal.SIGINT) == sigint
+    # The declarations came from the host: the judge has them without importing the file.
+    assert problem.name == "l2norm" and "make_inputs" in dir(problem.module) and problem.template_params
+    # The next call meets the ended host and says so, as the problem's error.
+    with pytest.raises(ProblemDefinitionError, match=r"roofline.*ended the process that ran it with exit status 9"):
+        problem.roofline({"rows": 1, "cols": 1})
+
+
+def test_a_wrong_kernel_stays_incorrect_when_problem_py_patches_numpy_at_import(tmp_path: Path) -> None:
+    from test_evaluation import artifact, perturbed_seed
+
+    from engine.harness.validation import validate_artifact
+    from engine.harness.verdicts import Verdict
+
+    problem = load_problem(str(folder_like("l2norm", tmp_path, problem_py=MEDDLING_IMPORT)))
+    cache = tmp_path / "cache"
+    report = validate_artifact(problem, artifact(problem, perturbed_seed(problem), cache), seeds=1, cache_dir=cache)
+    assert report.verdict == Verdict.incorrect, report.message
+
+
+# An object whose unpickling calls open(path, "w"): unpickled in the judge, it would create the file. Any
+# callable could stand in for open (os.system, say).
+OPENS_ON_UNPICKLE = (
+    "import numpy as np\n",
+    "import numpy as np\n\n\n"
+    "class Opens:\n"
+    "    def __reduce__(self):\n"
+    "        return (open, ('unpickled-in-the-judge', 'w'))\n",
+)
+
+
+def test_a_result_that_would_run_code_when_unpickled_is_refused(tmp_path: Path) -> None:
+    folder = folder_like("l2norm", tmp_path / "result", problem_py=OPENS_ON_UNPICKLE)
+    text = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(
+        text.replace("def roofline(", "def roofline(*args):\n    return Opens()\n\n\ndef _old_roofline(", 1)
+    )
+    problem = load_problem(str(folder))
+    with pytest.raises(ProblemDefinitionError, match=r"roofline.*returned an object of class (builtins|io)\.open"):
+        problem.roofline({"rows": 1, "cols": 1})
+    # The host serves the next call (its result is plain data).
+    shape = {"rows": 2, "cols": 3}
+    assert problem.make_inputs(shape, "normal", 0)["x"].shape == (2, 3)
+    # A declaration holding one is named by the load's checks, and unpickled nowhere in the judge.
+    declared = folder_like("l2norm", tmp_path / "declared", problem_py=OPENS_ON_UNPICKLE)
+    text = (declared / "problem.py").read_text()
+    (declared / "problem.py").write_text(text + "\nFAMILY = Opens()\n")
+    with pytest.raises(UserError, match=r"FAMILY is <a (builtins|io)\.open the judge cannot receive>"):
+        load_problem(str(declared))
+    for where in (folder, declared, Path.cwd()):
+        assert not (where / "unpickled-in-the-judge").exists()
