@@ -30,10 +30,14 @@ Measures, with the default budgets unless told otherwise, in a fresh cache folde
   in the roofline model's currency (bytes read + written per second: the best of a read stream and a large
   copy counted as two streams, engine/harness/machine.py), on a working set as large as the largest pool.
   That bandwidth is measured once per machine, so on a shared machine it may be another hour's: each
-  memory-bound problem is also timed against its streaming copy (engine/harness/stream_copy.py: its bytes
-  moved with streaming stores, nothing computed) as a reference in the same rounds, and copy_fraction is the
-  copy's time for the kernel's bytes over the kernel's time (median and range over repeats, the range of the
-  repeats' intervals, the copy's GB/s, and the same target judged against it: target_vs_copy).
+  memory-bound problem is also timed against its copies (engine/harness/stream_copy.py: its bytes moved, nothing
+  computed; one with streaming stores, one with plain stores, since which is faster depends on the machine) as
+  references in the same rounds, and copy_fraction is the faster copy's time for the kernel's bytes over the
+  kernel's time (median and range over repeats, the range of the repeats' intervals, each copy's GB/s, and the
+  same target judged against it: target_vs_copy).
+  BEST_KNOWN was found on an AVX-512 machine where streaming stores paid off; on another machine the fastest
+  setting may differ in exactly those knobs, so its variants with VEC 256 and NT 0 (where allowed) are timed
+  against it at a short budget first and the fastest is kept (each one tried is listed under ``sweep``).
 The machine is shared: its load average is printed too, and every figure moves with it.
 """
 
@@ -306,25 +310,40 @@ def _template_artifact(problem: Problem, params: dict[str, Any], cache: Path) ->
     return _artifact(problem, problem.render_template(params), cache)
 
 
-def _stream_copy_artifact(problem: Problem, cache: Path) -> str | None:
-    source = stream_copy_source(problem)
+COPY_KINDS = ("streaming", "plain")
+"""The problem's copy with streaming stores and with plain stores (engine/harness/stream_copy.py): which is faster
+depends on the machine, and the floor is the faster one."""
+
+
+def _copy_artifact(problem: Problem, cache: Path, kind: str) -> str | None:
+    source = stream_copy_source(problem, streaming=kind == "streaming")
     return _artifact(problem, source, cache) if source is not None else None
 
 
 def _against_copy(
-    problem: Problem, shape: dict[str, int], timings: list[ShapeTiming], model_bytes: int
+    problem: Problem, shape: dict[str, int], timings: list[dict[str, ShapeTiming]], model_bytes: int
 ) -> dict[str, Any]:
-    """The kernel against the problem's streaming copy timed in the same rounds: the copy's time for the kernel's
-    bytes over the kernel's time (median over repeats, with the range of the repeats' intervals), and the
-    bandwidth the copy reached, which is the DRAM roofline of that hour of a shared machine."""
+    """The kernel against the problem's copies timed in the same rounds (``timings``: each repeat's timing
+    against each kind of copy): in each repeat, the faster copy's time for the kernel's bytes over the kernel's
+    time (median over repeats, with the range of the repeats' intervals), and the bandwidth each copy reached;
+    the faster one's is the DRAM roofline of that hour of a shared machine."""
     scale = model_bytes / copy_bytes(problem, shape)
-    fractions = sorted(t.ratio * scale for t in timings)
+    # The faster copy has the smaller time, so the smaller ratio of its time to the kernel's.
+    fastest = [min(repeat.values(), key=lambda t: t.ratio) for repeat in timings]
+    fractions = sorted(t.ratio * scale for t in fastest)
     median = statistics.median(fractions)
+    gbs = {
+        kind: statistics.median(copy_bytes(problem, shape) / r[kind].reference_ns for r in timings)
+        for kind in COPY_KINDS
+        if all(kind in r for r in timings)
+    }
     return {
         "copy_fraction": median,
         "copy_fraction_range": [fractions[0], fractions[-1]],
-        "copy_fraction_ci": [min(t.ci_low for t in timings) * scale, max(t.ci_high for t in timings) * scale],
-        "copy_gbs": statistics.median(copy_bytes(problem, shape) / t.reference_ns for t in timings),
+        "copy_fraction_ci": [min(t.ci_low for t in fastest) * scale, max(t.ci_high for t in fastest) * scale],
+        "copy_gbs": max(gbs.values()) if gbs else None,
+        "copy_gbs_by_kind": gbs,
+        "copy_kind": max(gbs, key=lambda k: gbs[k]) if gbs else None,
         "target_vs_copy": "met" if median >= ROOFLINE_TARGET else "missed",
     }
 
@@ -334,17 +353,19 @@ def _numpy() -> list[Reference]:
 
 
 def best_setting(problem: Problem, cache: Path, sweep: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The best-known setting, or with ``sweep`` > 0 the fastest (speedup over numpy at a short budget) of it
-    and ``sweep`` random allowed settings; with what each swept setting measured."""
+    """The fastest (speedup over numpy at a short budget) of the best-known setting, its machine variants and
+    ``sweep`` random allowed settings; with what each one tried measured."""
     known = BEST_KNOWN[problem.name]
     space = template_space(problem)
     if known not in space:
         raise SystemExit(f"BEST_KNOWN[{problem.name!r}] = {known} is not an allowed setting of its template; update it")
-    if sweep <= 0:
+    variants = machine_variants(known, space)
+    others = [s for s in space if s != known and s not in variants]
+    drawn = random.Random(f"{seed}-{problem.name}").sample(others, min(sweep, len(others))) if sweep > 0 else []
+    if not variants and not drawn:
         return known, []
-    others = [s for s in space if s != known]
     tried: list[dict[str, Any]] = []
-    for params in [known, *random.Random(f"{seed}-{problem.name}").sample(others, min(sweep, len(others)))]:
+    for params in [known, *variants, *drawn]:
         artifact_id = _template_artifact(problem, params, cache)
         if artifact_id is None:
             tried.append({"params": params, "speedup": None, "verdict": "compile_error"})
@@ -355,6 +376,24 @@ def best_setting(problem: Problem, cache: Path, sweep: int, seed: int) -> tuple[
         print(f"  sweep {problem.name} {params}: {report.message}", file=sys.stderr, flush=True)
     ranked = [t for t in tried if t["speedup"] is not None]
     return (max(ranked, key=lambda t: t["speedup"])["params"] if ranked else known), tried
+
+
+MACHINE_KNOBS: tuple[dict[str, Any], ...] = ({"VEC": 256}, {"NT": 0}, {"VEC": 256, "NT": 0})
+"""Changes to a best-known setting whose worth depends on the machine: vectors as wide as AVX2's rather than
+AVX-512's (GCC lowers a comparison of vectors wider than the machine's lane by lane), and plain stores rather
+than streaming ones (which on some machines move a third of the bytes a plain store does)."""
+
+
+def machine_variants(known: dict[str, Any], space: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``known`` with each of MACHINE_KNOBS applied, where it changes the setting and the result is allowed."""
+    variants: list[dict[str, Any]] = []
+    for change in MACHINE_KNOBS:
+        if not set(change) <= set(known):
+            continue
+        variant = known | change
+        if variant != known and variant in space and variant not in variants:
+            variants.append(variant)
+    return variants
 
 
 def roofline_fraction_best(
@@ -379,16 +418,22 @@ def roofline_fraction_best(
         artifact_id = _template_artifact(problem, params, cache)
         assert artifact_id is not None, f"{name} {params} does not compile"
         references = _numpy()
-        copy_id = _stream_copy_artifact(problem, cache) if name in MEMORY_BOUND else None
-        if copy_id is not None:
-            references.append(Reference(kind="artifact", artifact_id=copy_id, label="stream copy"))
-        runs, copies = [], []
+        kinds = []
+        for kind in COPY_KINDS if name in MEMORY_BOUND else ():
+            copy_id = _copy_artifact(problem, cache, kind)
+            if copy_id is not None:
+                references.append(Reference(kind="artifact", artifact_id=copy_id, label=f"{kind} copy"))
+                kinds.append(kind)
+        runs: list[Any] = []
+        copies: list[dict[str, Any]] = []
         for repeat in range(repeats):
             report, *copy = benchmark_artifact(
                 problem, artifact_id, references, budget_s=budget, cache_dir=cache, seed=seed + repeat
             )
             runs.append(report)
-            copies.extend(c for c in copy if c.verdict == Verdict.ok)
+            timed = {kind: c for kind, c in zip(kinds, copy, strict=True) if c.verdict == Verdict.ok}
+            if timed:
+                copies.append(timed)
             print(f"  roofline {name} run {repeat + 1}/{repeats}: {report.message}", file=sys.stderr, flush=True)
         shapes = []
         for i, (shape, weight) in enumerate(problem.benchmark_shapes):
@@ -419,7 +464,8 @@ def roofline_fraction_best(
             if name in MEMORY_BOUND:
                 entry["target"] = "met" if median is not None and median >= ROOFLINE_TARGET else "missed"
             if copies:
-                entry |= _against_copy(problem, shape, [c.shapes[i] for c in copies], model.get("bytes", 0))
+                per_repeat = [{kind: c.shapes[i] for kind, c in timed.items()} for timed in copies]
+                entry |= _against_copy(problem, shape, per_repeat, model.get("bytes", 0))
             shapes.append(entry)
         result["problems"][name] = {
             "setting": params,
@@ -516,8 +562,9 @@ def _print(figures: dict[str, Any], as_json: bool) -> None:
             if "copy_fraction" in shape:
                 low, high = shape["copy_fraction_range"]
                 ci_low, ci_high = shape["copy_fraction_ci"]
+                by_kind = ", ".join(f"{k} {v:.1f}" for k, v in shape["copy_gbs_by_kind"].items())
                 print(
-                    f"      against a streaming copy in the same rounds ({shape['copy_gbs']:.1f} GB/s): "
+                    f"      against the faster copy in the same rounds ({by_kind} GB/s): "
                     f"{shape['copy_fraction']:.3f} [{low:.3f}, {high:.3f}], intervals {ci_low:.3f}-{ci_high:.3f}"
                     f" {shape['target_vs_copy']}"
                 )

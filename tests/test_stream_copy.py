@@ -5,6 +5,7 @@ inputs, and writes every output element, aligned or not, whatever the length."""
 from __future__ import annotations
 
 import ctypes
+import platform
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,10 +26,11 @@ MEMORY_BOUND = ("rmsnorm", "l2norm", "add_rmsnorm", "softmax", "bias_gelu")
 @pytest.mark.parametrize("name", MEMORY_BOUND)
 def test_the_copy_of_every_memory_bound_problem_compiles_in_the_harness(name: str, tmp_path: Path) -> None:
     problem = load_problem(name)
-    source = stream_copy_source(problem)
-    assert source is not None
-    compiled = compile_source(problem, source, cache_dir=tmp_path)
-    assert compiled.verdict == Verdict.ok, compiled.first_error
+    for streaming in (True, False):
+        source = stream_copy_source(problem, streaming=streaming)
+        assert source is not None
+        compiled = compile_source(problem, source, cache_dir=tmp_path)
+        assert compiled.verdict == Verdict.ok, compiled.first_error
     # Its bytes are the roofline model's, less the row-long inputs (a weight, a bias) it leaves in cache.
     for shape, _ in problem.benchmark_shapes:
         model = problem.roofline(shape)["bytes"]
@@ -40,8 +42,8 @@ def test_a_problem_whose_output_reads_nothing_of_its_shape_has_no_copy() -> None
     assert stream_copy_source(load_problem("matmul")) is None  # C is (m, n), A and B are not
 
 
-def _library(name: str) -> ctypes.CDLL:
-    source = stream_copy_source(load_problem(name))
+def _library(name: str, *, streaming: bool = True) -> ctypes.CDLL:
+    source = stream_copy_source(load_problem(name), streaming=streaming)
     assert source is not None
     return _compiled(source)
 
@@ -60,11 +62,14 @@ def _pointer(array: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(array.ctypes.data)
 
 
+@pytest.mark.parametrize("streaming", [True, False])
 @pytest.mark.parametrize(("rows", "cols", "offset"), [(1, 1, 0), (3, 7, 1), (37, 129, 3), (64, 1023, 0), (5, 4099, 5)])
-def test_the_copy_writes_every_output_from_the_sum_of_its_inputs(rows: int, cols: int, offset: int) -> None:
+def test_the_copy_writes_every_output_from_the_sum_of_its_inputs(
+    rows: int, cols: int, offset: int, streaming: bool
+) -> None:
     # add_rmsnorm: x and residual in, h and y out (one shape), w of one row (not read). The outputs start
     # ``offset`` floats past an aligned address, so the head, the streamed chunks and the tail all run.
-    library = _library("add_rmsnorm")
+    library = _library("add_rmsnorm", streaming=streaming)
     rng = np.random.default_rng(rows * cols)
     x, residual = (rng.standard_normal(rows * cols, dtype=np.float32) for _ in range(2))
     w = np.ones(cols, dtype=np.float32)
@@ -107,3 +112,20 @@ def test_parameter_names_of_a_users_problem_do_not_collide_with_the_copys_own() 
     y = np.full(rows * cols, np.nan, dtype=np.float32)
     library.clash(_pointer(x), _pointer(y), ctypes.c_int64(rows), ctypes.c_int64(cols))
     np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="streaming stores are an x86 instruction")
+def test_only_the_streaming_copy_has_streaming_stores(tmp_path: Path) -> None:
+    # The two copies differ in their stores only: the plain one is the floor where streaming stores are slow.
+    for streaming in (True, False):
+        source = stream_copy_source(load_problem("softmax"), streaming=streaming)
+        assert source is not None
+        (tmp_path / "copy.c").write_text(source)
+        assembly = subprocess.run(
+            ["cc", "-O3", "-march=native", "-S", "-o", "-", str(tmp_path / "copy.c")],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert ("movntps" in assembly) == streaming
+        assert ("sfence" in assembly) == streaming
