@@ -138,3 +138,42 @@ def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) 
         function(x.ctypes.data, b.ctypes.data, y.ctypes.data, shape["rows"], cols)
         worst = float(np.max(np.abs(y - expected) / (atol + rtol * np.abs(expected))))
         assert math.isfinite(worst) and worst < 0.75, f"{params}: error {worst:.2f} of the tolerance"
+
+
+def _native_macros() -> set[str]:
+    """The macros ``cc -march=native`` predefines (its ISA: __AVX__, __AVX512F__, ...)."""
+    import subprocess
+
+    listing = subprocess.run(
+        ["cc", "-march=native", "-dM", "-E", "-x", "c", "/dev/null"], check=True, capture_output=True, text=True
+    ).stdout
+    return {line.split()[1] for line in listing.splitlines() if line.startswith("#define ")}
+
+
+@pytest.mark.parametrize(("name", "setting"), [("softmax", {"PIPE": 2, "ROWS": 2}), ("bias_gelu", {"ERF": "table"})])
+def test_vec_512_without_avx512_is_two_avx_vectors_per_step(name: str, setting: dict[str, Any], tmp_path: Path) -> None:
+    # GCC lowers a comparison of 512-bit vectors lane by lane where the machine has no AVX-512 (VEC 512 ran 4-5x
+    # slower than VEC 256 on an AVX2 machine): there the templates compile VEC 512 as VEC 256 with UNROLL
+    # doubled, the same work per step. The two settings must build to the same machine code.
+    import subprocess
+
+    macros = _native_macros()
+    if "__AVX__" not in macros or "__AVX512F__" in macros:
+        pytest.skip("needs an x86 machine with AVX and without AVX-512")
+    problem = load_problem(name)
+    base = next(
+        s for s in template_space(problem) if s["VEC"] == 512 and s["UNROLL"] == 1 and setting.items() <= s.items()
+    )
+    assemblies = []
+    for params in (base, base | {"VEC": 256, "UNROLL": 2}):
+        source = tmp_path / "kernel.c"
+        source.write_text(problem.render_template(params))
+        assemblies.append(
+            subprocess.run(
+                ["cc", "-O3", "-march=native", "-ffast-math", "-S", "-o", "-", str(source)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+    assert assemblies[0] == assemblies[1]
