@@ -244,3 +244,28 @@ def test_a_result_that_would_run_code_when_unpickled_is_refused(tmp_path: Path) 
         load_problem(str(declared))
     for where in (folder, declared, Path.cwd()):
         assert not (where / "unpickled-in-the-judge").exists()
+
+
+def test_the_judge_unpickles_plain_data_and_refuses_every_other_global() -> None:
+    import collections
+    import pickle
+
+    from engine.problem_host import Refused, judge_loads
+
+    data = {
+        "x": np.arange(12, dtype=np.float32).reshape(3, 4).T,  # not contiguous
+        "bits": np.zeros(3, dtype=np.uint16),
+        "record": np.zeros(2, dtype=[("a", "f4"), ("b", "i8")]),
+        "scalars": [np.float64(1.5), np.int32(-3), np.bool_(True), 2.5, 7, None, True, "s", b"b", complex(1, 2)],
+        "containers": ({1, 2}, frozenset({3}), range(1, 9), collections.OrderedDict(a=1)),
+    }
+    for protocol in (pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):  # what the host sends
+        back = judge_loads(pickle.dumps(data, protocol=protocol))
+        for name in ("x", "bits", "record"):
+            np.testing.assert_array_equal(back[name], data[name])
+            assert back[name].dtype == data[name].dtype
+        assert back["scalars"] == data["scalars"] and back["containers"] == data["containers"]
+    # Whatever else a pickle names is refused before it is called: a function, a class, numpy's own helpers.
+    for hostile in (print, Path("."), np.random.default_rng(0), bytearray(b"x"), np.ma.masked_array([1.0])):
+        with pytest.raises(Refused):
+            judge_loads(pickle.dumps({"ok": 1, "bad": [hostile]}, protocol=4))
