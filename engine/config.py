@@ -18,6 +18,8 @@ Everything is read from the environment at call time, so tests can point a proce
 - ``KF_PROBLEM_CALL_S``: how long one call of a problem folder's data functions (``make_inputs``,
   ``reference``, ``baseline``, ``tolerance_for``) may run before it counts as hung and fails as the problem's
   error (default 300).
+- ``KF_PROBLEM_REPLY_MB``: the largest reply (pickled arrays) a problem folder's process may send the judge, in
+  MB (default: a quarter of the memory this machine has available when the reply comes).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+
+import psutil
 
 from engine.errors import ConfigurationError
 
@@ -90,6 +94,25 @@ def outage_patience_s() -> float:
 def problem_call_s() -> float:
     """Seconds one call of a problem.py data function may run before it counts as hung (``KF_PROBLEM_CALL_S``)."""
     return _seconds("KF_PROBLEM_CALL_S", DEFAULT_PROBLEM_CALL_S, zero_ok=False, example="600")
+
+
+def problem_reply_bytes() -> int:
+    """The largest reply a problem folder's process may send the judge, in bytes (``KF_PROBLEM_REPLY_MB``; by
+    default a quarter of the memory available now: a reply bigger than that would leave the judge too little
+    for the reference and the kernel's outputs)."""
+    raw = os.environ.get("KF_PROBLEM_REPLY_MB", "").strip()
+    if not raw:
+        return int(psutil.virtual_memory().available // 4)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise ConfigurationError(
+            f"KF_PROBLEM_REPLY_MB={raw!r} is not a positive number of MB; unset it for a quarter of the available "
+            "memory or set e.g. KF_PROBLEM_REPLY_MB=8192"
+        )
+    return int(value * 1e6)
 
 
 def _seconds(name: str, default: float, *, zero_ok: bool, example: str) -> float:

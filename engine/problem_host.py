@@ -16,8 +16,11 @@ the shapes, which functions it defines, ...) once it has imported it, and the ju
 those (``HostedModule``). An import that starts a thread, installs a signal handler, changes the working
 directory or patches numpy does so in the child, never in the process that compares a kernel's outputs.
 
-Arguments and results travel pickled over a socket pair (``multiprocessing.connection``): shapes, names,
-settings, the random generator and whole input arrays. The generator's state comes back after the call, so
+Arguments and results travel pickled over a socket pair, each message its length then its pickle: shapes,
+names, settings, the random generator and whole input arrays. The judge sends and reads them with the call's
+deadline over the whole message (a child that sends half a reply, or stops reading its requests, cannot hang
+the judge), refuses a reply longer than ``KF_PROBLEM_REPLY_MB`` before reading it, and numbers its requests: a
+reply that answers another one is the problem's error. The generator's state comes back after the call, so
 ``make_inputs(shape, distribution, rng)`` advances the caller's generator as an in-process call would. What
 comes back is unpickled with an allow-list (``judge_loads``): containers, numbers, strings and numpy arrays,
 never an arbitrary class, since unpickling one can run any code its ``__reduce__`` names in the judge. The
@@ -34,17 +37,19 @@ import os
 import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from engine.config import problem_reply_bytes
 
 _ROOT = Path(__file__).resolve().parent.parent
 """The project's root: the child imports ``engine`` from it."""
@@ -56,16 +61,25 @@ CLOSE_GRACE_S = 2.0
 """How long the judge waits for a child to exit: after killing it, or when it ended on its own."""
 
 
-class HostEnded(Exception):
-    """The child ended, or was killed because a call ran past its deadline (``hung``): ``how`` says which, in
-    words."""
+_LENGTH = struct.Struct("!Q")
+"""A message on the socket is its pickle's length in these 8 bytes, then the pickle."""
 
-    def __init__(self, how: str, *, hung: bool = False, killed: bool = False) -> None:
+_CHUNK = 1 << 20
+"""Bytes read at a time: a reply's memory grows with what the child sent, never with the length it claimed."""
+
+
+class HostEnded(Exception):
+    """The child ended, or was stopped because a call ran past its deadline (``hung``) or its reply broke the
+    exchange: ``how`` says which, in words."""
+
+    def __init__(self, how: str, *, hung: bool = False, killed: bool = False, fix: str | None = None) -> None:
         super().__init__(how)
         self.how = how
         self.hung = hung
         self.killed = killed
         """Ended by a SIGKILL the judge did not send: the kernel's out-of-memory killer, or an operator."""
+        self.fix = fix
+        """What to change, when it is not the usual (an endless loop, a wait or an exit in problem.py)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +189,9 @@ class ProblemHost:
         self.module_name = module_name
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
-        self._connection: Connection | None = None
+        self._socket: socket.socket | None = None
+        self._requests = 0
+        """Requests sent so far: each carries its number, and its reply must carry the same."""
         self.declarations: dict[str, Any] | None = None
         """problem.py's top-level names as its first import left them (set by ``start``): values the judge
         could receive, HostedFunction for functions, Unreadable for the rest."""
@@ -236,17 +252,12 @@ class ProblemHost:
             return _parsed(reply)
 
     def _exchange(self, message: tuple[Any, ...], seconds: float) -> Any:
-        if self._connection is None:
+        if self._socket is None:
             raised = self._start(seconds)
             if raised is not None:
                 self._stop()
                 return raised
-        assert self._connection is not None
-        try:
-            self._connection.send(message)
-        except OSError:
-            raise self._ended() from None
-        return self._receive(seconds)
+        return self._ask(message, time.monotonic() + seconds, seconds)
 
     def _start(self, seconds: float) -> Raised | None:
         self._stop()
@@ -270,9 +281,9 @@ class ProblemHost:
             )
         finally:
             theirs.close()
-        self._connection = Connection(ours.detach())
-        self._connection.send(("import", str(self.folder / "problem.py"), self.module_name))
-        reply = _parsed(self._receive(seconds))
+        self._socket = ours
+        message = ("import", str(self.folder / "problem.py"), self.module_name)
+        reply = _parsed(self._ask(message, time.monotonic() + seconds, seconds))
         if isinstance(reply, Raised):
             return reply
         if self.declarations is None:
@@ -284,21 +295,39 @@ class ProblemHost:
                 return Raised(f"an unreadable list of declarations ({error!r})", False)
         return None
 
-    def _receive(self, seconds: float) -> Any:
-        assert self._connection is not None
+    def _ask(self, message: tuple[Any, ...], deadline: float, seconds: float) -> Any:
+        """Send ``message`` numbered and read the reply, both by ``deadline``: the reply's body, unpickled with
+        the allow-list (Raised when it was refused or unreadable). HostEnded when the child ended, did not
+        answer in time (it is stopped), or sent a reply too long for the judge."""
+        assert self._socket is not None
+        self._requests += 1
+        number = self._requests
+        limit = problem_reply_bytes()
         try:
-            if not self._connection.poll(seconds):
-                self._stop()
-                raise HostEnded(f"did not return within {seconds:g} s (KF_PROBLEM_CALL_S)", hung=True)
-            data = self._connection.recv_bytes()
+            _send(self._socket, (number, message), deadline)
+            data = _received(self._socket, deadline, limit)
+        except TimeoutError:
+            self._stop()
+            raise HostEnded(f"did not return within {seconds:g} s (KF_PROBLEM_CALL_S)", hung=True) from None
+        except _TooLong as too_long:
+            self._stop()
+            raise HostEnded(
+                f"sent a reply of {_size(too_long.size)}, more than the judge accepts ({_size(limit)})",
+                fix="return smaller arrays (a smaller shape), or raise KF_PROBLEM_REPLY_MB",
+            ) from None
         except (EOFError, OSError):
             raise self._ended() from None
         try:
-            return judge_loads(data)
+            sent = judge_loads(data)
         except Refused as refused:
             return Raised(refused.name, False, refused=True)
         except Exception as error:  # a pickle the child's own pickling cannot have made: say so, do not crash
             return Raised(f"an unreadable reply ({error!r})", False)
+        if not (isinstance(sent, tuple) and len(sent) == 2 and sent[0] == number):
+            # problem.py wrote to the socket itself: whatever comes next may answer another request.
+            self._stop()
+            return Raised("an unreadable reply (not the answer to the request it was sent)", False)
+        return sent[1]
 
     def _ended(self) -> HostEnded:
         """The child ended on its own: how, from its exit status."""
@@ -311,8 +340,8 @@ class ProblemHost:
         return HostEnded(_exit_words(code), killed=code == -signal.SIGKILL)
 
     def _stop(self) -> None:
-        connection, process = self._connection, self._process
-        self._connection = self._process = None
+        connection, process = self._socket, self._process
+        self._socket, self._process = None, None
         if connection is not None:
             with contextlib.suppress(OSError):
                 connection.close()
@@ -351,6 +380,11 @@ def _stderr_fd() -> int:
         return sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         return 2
+
+
+def _size(count: int) -> str:
+    """A number of bytes in words: MB from one MB up."""
+    return f"{count / 1e6:,.0f} MB" if count >= 1e6 else f"{count:,} bytes"
 
 
 def _exit_words(code: int | None) -> str:
@@ -415,12 +449,12 @@ def serve() -> None:
     """The child's loop: import problem.py when told, then run calls until the socket closes."""
     import importlib.util
 
-    connection = Connection(int(sys.argv[1]))
+    connection = socket.socket(fileno=int(sys.argv[1]))
     threading.Thread(target=_end_with_the_judge, args=(os.getppid(),), name="kf-judge-watch", daemon=True).start()
     module: Any = None
     while True:
         try:
-            request = connection.recv()
+            number, request = pickle.loads(_received(connection, None, None))
         except (EOFError, OSError):
             return
         if request[0] == "import":
@@ -432,21 +466,21 @@ def serve() -> None:
             try:
                 spec.loader.exec_module(module)
             except BaseException as error:  # reported, not acted on: the judge words it
-                _reply(connection, ("raised", repr(error), isinstance(error, MemoryError)))
+                _reply(connection, number, ("raised", repr(error), isinstance(error, MemoryError)))
                 continue
-            _reply(connection, ("ready", _declarations(module)))
+            _reply(connection, number, ("ready", _declarations(module)))
             continue
         if request[0] == "map":
-            _reply(connection, _mapped(module, request[1], request[2]))
+            _reply(connection, number, _mapped(module, request[1], request[2]))
             continue
         _, function, args = request
         try:
             value = getattr(module, function)(*args)
         except BaseException as error:  # reported, not acted on: the judge words it
-            _reply(connection, ("raised", repr(error), isinstance(error, MemoryError)))
+            _reply(connection, number, ("raised", repr(error), isinstance(error, MemoryError)))
             continue
         states = {i: a.bit_generator.state for i, a in enumerate(args) if isinstance(a, np.random.Generator)}
-        _reply(connection, ("ok", value, states))
+        _reply(connection, number, ("ok", value, states))
 
 
 def _declarations(module: Any) -> dict[str, tuple[Any, ...]]:
@@ -510,10 +544,64 @@ def _mapped(module: Any, function: str, calls: list[tuple[Any, ...]]) -> tuple[A
     return ("ok", results)
 
 
-def _reply(connection: Connection, message: tuple[Any, ...]) -> None:
+def _reply(connection: socket.socket, number: int, message: tuple[Any, ...]) -> None:
     try:
-        connection.send(message)
+        _send(connection, (number, message), None)
     except (EOFError, OSError):
         raise SystemExit(0) from None
     except Exception as error:  # a result pickle cannot carry (a lambda, an open file)
-        connection.send(("raised", f"a result that cannot be passed back ({error!r})", False))
+        _send(connection, (number, ("raised", f"a result that cannot be passed back ({error!r})", False)), None)
+
+
+class _TooLong(Exception):
+    """A message longer than the reader accepts: ``size`` bytes."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"a message of {size} bytes")
+        self.size = size
+
+
+def _send(connection: socket.socket, message: Any, deadline: float | None) -> None:
+    """``message`` pickled, after its length, by ``deadline`` (TimeoutError past it; None waits for ever).
+    Pickled whole first: one pickle cannot carry is an exception before a byte is sent."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    _set_deadline(connection, deadline)
+    connection.sendall(_LENGTH.pack(len(data)))
+    view = memoryview(data)
+    while view:
+        # sendall's timeout is per call; the deadline is for the whole message.
+        _set_deadline(connection, deadline)
+        sent = connection.send(view[:_CHUNK])
+        view = view[sent:]
+
+
+def _received(connection: socket.socket, deadline: float | None, limit: int | None) -> bytes:
+    """The next message's bytes, all read by ``deadline`` (TimeoutError past it); _TooLong, before its body
+    is read, when it is longer than ``limit``; EOFError when the other side closed the socket."""
+    (size,) = _LENGTH.unpack(_exactly(connection, _LENGTH.size, deadline))
+    if limit is not None and size > limit:
+        raise _TooLong(size)
+    return _exactly(connection, size, deadline)
+
+
+def _exactly(connection: socket.socket, size: int, deadline: float | None) -> bytes:
+    chunks: list[bytes] = []
+    left = size
+    while left:
+        _set_deadline(connection, deadline)
+        chunk = connection.recv(min(left, _CHUNK))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _set_deadline(connection: socket.socket, deadline: float | None) -> None:
+    if deadline is None:
+        connection.settimeout(None)
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    connection.settimeout(left)

@@ -216,9 +216,8 @@ def _watched(call: Callable[..., Any], args: tuple[Any, ...], seconds: float, wh
 
 def _host_ended(where: str, ended: HostEnded, hint: str = "") -> ProblemDefinitionError:
     """The problem's error for a call (``where``) whose host process hung or ended."""
-    return ProblemDefinitionError(
-        f"{where} {ended.how}; look for an endless loop, a wait or an exit in problem.py{hint}", hung=ended.hung
-    )
+    fix = ended.fix or f"look for an endless loop, a wait or an exit in problem.py{hint}"
+    return ProblemDefinitionError(f"{where} {ended.how}; {fix}", hung=ended.hung)
 
 
 ProblemModule = ModuleType | HostedModule
@@ -700,8 +699,8 @@ def _started_host(folder: Path) -> ProblemHost | None:
         except HostEnded as ended:
             forget(host)
             raise UserError(
-                f"{where} failed to import: importing it {ended.how}; look for an endless loop, a wait or an exit "
-                "at the top level of problem.py"
+                f"{where} failed to import: importing it {ended.how}; "
+                + (ended.fix or "look for an endless loop, a wait or an exit at the top level of problem.py")
             ) from None
         if raised is not None:
             forget(host)

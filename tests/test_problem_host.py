@@ -269,3 +269,139 @@ def test_the_judge_unpickles_plain_data_and_refuses_every_other_global() -> None
     for hostile in (print, Path("."), np.random.default_rng(0), bytearray(b"x"), np.ma.masked_array([1.0])):
         with pytest.raises(Refused):
             judge_loads(pickle.dumps({"ok": 1, "bad": [hostile]}, protocol=4))
+
+
+# problem.py runs in the host and can write to the judge's socket itself (its descriptor is the host's argv[1],
+# the request being served a local of serve()). What it writes there is answered by the exchange's rules: the
+# call's deadline over whole messages, a length limit, and numbered replies.
+_SOCKET = "    import os, socket, struct, sys, time\n    judge = int(sys.argv[1])\n"
+
+
+def _reference_that(body: str) -> tuple[str, str]:
+    return (
+        "def reference(",
+        "def reference(*args: object) -> object:\n" + _SOCKET + body + "    return _old_reference(*args)\n\n\n"
+        "def _old_reference(",
+    )
+
+
+def test_half_a_reply_cannot_hang_the_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A length that promises 1000 bytes, 10 of them sent, then a sleep: waiting for the rest once the first
+    # bytes came (as a plain recv does) would wait for ever.
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=_reference_that(
+            "    import pathlib\n"
+            "    if pathlib.Path('stall').exists():\n"
+            "        os.write(judge, struct.pack('!Q', 1000) + b'x' * 10)\n"
+            "        time.sleep(3600)\n"
+        ),
+    )
+    (folder / "stall").touch()
+    monkeypatch.setenv("KF_PROBLEM_CALL_S", "1")
+    problem = load_problem(str(folder))
+    shape = problem.benchmark_shapes[0][0]
+    inputs = problem.make_inputs(shape, "normal", 1)
+    started = time.monotonic()
+    with pytest.raises(ProblemDefinitionError, match=r"reference\(inputs, .*did not return within 1 s") as error:
+        problem.reference(inputs, shape)
+    assert error.value.hung and time.monotonic() - started < 10
+    (folder / "stall").unlink()
+    assert problem.reference(inputs, shape)["y"].shape == inputs["x"].shape
+
+
+def test_a_judge_whose_host_stops_reading_its_requests_gives_up_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # make_inputs answers for itself (its request's number is serve()'s local) and then sleeps instead of
+    # reading the next request: the judge's send of 64 MB of inputs fills the socket and must not block past
+    # the deadline.
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=(
+            "def make_inputs(",
+            "def make_inputs(*args: object) -> object:\n" + _SOCKET + "    import pickle, numpy\n"
+            "    number = sys._getframe(1).f_locals['number']\n"
+            "    inputs = {'x': numpy.zeros((4096, 4096), numpy.float32), 'eps': 1e-12}\n"
+            "    data = pickle.dumps((number, ('ok', inputs, {})))\n"
+            "    ours = socket.socket(fileno=judge)  # kept: a socket object closes its descriptor when dropped\n"
+            "    ours.sendall(struct.pack('!Q', len(data)) + data)\n"
+            "    time.sleep(3600)\n\n\n"
+            "def _old_make_inputs(",
+        ),
+    )
+    monkeypatch.setenv("KF_PROBLEM_CALL_S", "2")
+    problem = load_problem(str(folder))
+    shape = {"rows": 4096, "cols": 4096}
+    inputs = problem._call("make_inputs", shape, "normal", np.random.default_rng(1))
+    assert inputs["x"].nbytes == 64 << 20
+    started = time.monotonic()
+    with pytest.raises(ProblemDefinitionError, match=r"reference\(inputs, .*did not return within 2 s"):
+        problem.reference(inputs, shape)
+    assert time.monotonic() - started < 12
+
+
+def test_a_reply_longer_than_the_judge_accepts_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A length of a petabyte: the judge must not try to read (or allocate) it, and says what to change.
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=_reference_that(
+            "    import pathlib\n"
+            "    if pathlib.Path('huge').exists():\n"
+            "        os.write(judge, struct.pack('!Q', 10**15) + b'x' * 4096)\n"
+            "        time.sleep(3600)\n"
+        ),
+    )
+    (folder / "huge").touch()
+    problem = load_problem(str(folder))
+    shape = problem.benchmark_shapes[0][0]
+    inputs = problem.make_inputs(shape, "normal", 1)
+    started = time.monotonic()
+    with pytest.raises(ProblemDefinitionError, match=r"sent a reply of 1,000,000,000 MB, more than the judge"):
+        problem.reference(inputs, shape)
+    assert time.monotonic() - started < 10
+    (folder / "huge").unlink()
+    # A real reply over a limit the user set is refused with the same words, naming the setting.
+    monkeypatch.setenv("KF_PROBLEM_REPLY_MB", "0.001")
+    with pytest.raises(
+        ProblemDefinitionError,
+        match=r"reference\(inputs, .*more than the judge accepts.*"
+        r"KF_PROBLEM_REPLY_MB",
+    ) as error:
+        problem.reference(inputs, shape)
+    assert not error.value.hung
+    monkeypatch.delenv("KF_PROBLEM_REPLY_MB")
+    assert problem.reference(inputs, shape)["y"].shape == inputs["x"].shape
+
+
+def test_a_reply_problem_py_sends_ahead_is_never_taken_as_another_calls_answer(
+    tmp_path: Path,
+) -> None:
+    # The reference answers once for itself, numbered as the *next* request, before serve() answers it: the
+    # judge reads an answer to another request and says so, rather than handing tolerance_for (or the next
+    # call, whatever it is) the reference's arrays.
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=_reference_that(
+            "    import pickle, pathlib\n"
+            "    if pathlib.Path('ahead').exists():\n"
+            "        number = sys._getframe(1).f_locals['number']\n"
+            "        data = pickle.dumps((number + 1, ('ok', 0.5, {})))\n"
+            "        os.write(judge, struct.pack('!Q', len(data)) + data)\n"
+        ),
+    )
+    (folder / "ahead").touch()
+    problem = load_problem(str(folder))
+    shape = problem.benchmark_shapes[0][0]
+    inputs = problem.make_inputs(shape, "normal", 1)
+    with pytest.raises(ProblemDefinitionError, match=r"reference\(inputs, .*not the answer to the request"):
+        problem.reference(inputs, shape)
+    (folder / "ahead").unlink()
+    # The next call gets a fresh host, not the stale reply left on the old socket.
+    assert problem.reference(inputs, shape)["y"].shape == inputs["x"].shape
