@@ -61,6 +61,35 @@ _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int64": ctype
 _POISON_BITS = {4: (0x7FC00000, 0x7FC0DEAD), 8: (0x7FF8000000000000, 0x7FF800000000BEEF)}
 
 
+PAGE = mmap.PAGESIZE
+
+LINE = 64
+"""Every output starts on a cache line: a kernel's aligned vector stores (and streaming stores) need it."""
+
+
+def output_offsets(count: int) -> list[int]:
+    """Where each of ``count`` output arrays starts within its first page: spread over the page in whole
+    cache lines (0, then about PAGE / count apart).
+
+    The inputs in the pool are page-aligned, and where an output starts relative to them decides how often the
+    core mistakes a store to the output for a load of the input of the same page offset (4K aliasing): at
+    64 bytes apart a copy with streaming stores ran at 24 GB/s, at other offsets 30-40, on the same machine.
+    Left to malloc, that offset depended on what the worker had allocated before: the first benchmark shape's
+    outputs were mmapped at 64 bytes into their page, later shapes' came from the heap at other offsets, and a
+    streaming-store kernel read 30-40% slower on whichever shape came first. Each output slot at its own
+    offset makes every shape's timing the average over several placements, the same for every contender and
+    every position."""
+    return [(k * PAGE // max(count, 1)) // LINE * LINE for k in range(count)]
+
+
+def _placed_empty(np: Any, dims: tuple[int, ...], dtype: str, page_offset: int) -> Any:
+    """An uninitialised array in an anonymous private mapping of its own, ``page_offset`` bytes into its first
+    page: where it lies is this module's choice, never the allocator's."""
+    nbytes = int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize
+    mapping = mmap.mmap(-1, page_offset + max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(mapping, np.uint8, nbytes, page_offset).view(dtype).reshape(dims)
+
+
 def _aligned_empty(np: Any, dims: tuple[int, ...], dtype: str) -> Any:
     itemsize = np.dtype(dtype).itemsize
     nbytes = int(np.prod(dims, dtype=np.int64)) * itemsize
@@ -301,8 +330,12 @@ class _Bench:
         del payload
         # Output slots rotate with a period coprime to the input slots': a kernel that skips work when it
         # sees an input pointer again finds another input's answer (or NaN) in its output buffer.
+        offsets = iter(output_offsets(command.out_slots * len(self.outs)))
         self.outputs = [
-            {q.name: _aligned_empty(np, tuple(int(shape[d]) for d in q.shape), q.dtype) for q in self.outs}
+            {
+                q.name: _placed_empty(np, tuple(int(shape[d]) for d in q.shape), q.dtype, next(offsets))
+                for q in self.outs
+            }
             for _ in range(command.out_slots)
         ]
         for slot in self.outputs:
