@@ -77,6 +77,11 @@ REQUIRED = (
 REQUIRED_FOR = {"cpu": ("ENTRY", "SIGNATURE"), "cuda": ("CUDA_ENTRY", "cuda_baseline")}
 _DECLARES = {"cpu": "ENTRY", "cuda": "CUDA_ENTRY"}
 
+MAX_TEMPLATE_SETTINGS = 250_000
+"""The most settings (the product of a template's value counts) a problem may declare: proposers enumerate the
+whole space and ask template_allows about each, so a product of billions would fill the memory of the worker or
+the ``kf`` command that loaded it. The built-in spaces have up to 69,120."""
+
 
 class _Declarations(NamedTuple):
     """What a backend's seed, template, parameter space and restrictions are called in problem.py."""
@@ -871,6 +876,14 @@ def _check_kernel_files(folder: Path, module: ProblemModule, names: _Declaration
                 f"{where}: {names.template_params}[{name!r}] is {values!r}; give a non-empty list of the values "
                 "the search may try"
             )
+    settings = math.prod(len(values) for values in space.values())
+    if settings > MAX_TEMPLATE_SETTINGS:
+        counts = " x ".join(f"{len(v)} {k}" for k, v in space.items())
+        raise UserError(
+            f"{where}: {names.template_params} spans {settings:,} settings ({counts}), more than the "
+            f"{MAX_TEMPLATE_SETTINGS:,} a search enumerates; drop values or knobs that cannot matter, or make one "
+            "knob of knobs that only make sense together"
+        )
     try:
         placeholders = set(_PLACEHOLDER.findall((folder / str(template)).read_text()))
     except (OSError, UnicodeDecodeError) as error:

@@ -109,6 +109,12 @@ HOSTILE_FOLDERS = {
     ),
     "unnamed placeholder": ({"template_c": ("{{VEC}}", "{{VECX}}")}, "loads", "{{VECX}}"),
     "empty knob": ({"problem_py": ('"PF": [0, 1024],', '"PF": [],')}, "loads", "TEMPLATE_PARAMS['PF'] is []"),
+    "a template space of billions": (
+        # 2304 settings times 10^6 values of a knob no placeholder uses: enumerating them would fill the memory.
+        {"problem_py": ('"PF": [0, 1024],', '"PF": [0, 1024],\n    "SPARE": list(range(10**6)),')},
+        "loads",
+        "TEMPLATE_PARAMS spans 2,304,000,000 settings (3 VEC x 4 ACC",
+    ),
     "a shape past memory": (
         {"problem_py": ('({"rows": 512, "cols": 4096}, 2.0)', '({"rows": 5120000, "cols": 409600}, 2.0)')},
         "loads",
