@@ -27,8 +27,9 @@ Measures, with the default budgets unless told otherwise, in a fresh cache folde
   against the target of 0.85 for the memory-bound problems (met or missed), and the harness's own
   ShapeTiming.roofline_ns fraction (the same bound, but the cache's bandwidth for a pool too small to stream).
   ``--roofline-only`` prints only this section (and the machine's figures). The DRAM bandwidth is measured
-  in the roofline model's currency (bytes read + written per second: the best of a read stream and a large
-  copy counted as two streams, engine/harness/machine.py), on a working set as large as the largest pool.
+  in the roofline model's currency (bytes read + written per second: the best of numpy's read stream, numpy's
+  copy and the judge's own copies counted as two streams, engine/harness/machine.py), on a working set as
+  large as the largest pool.
   That bandwidth is measured once per machine, so on a shared machine it may be another hour's: each
   memory-bound problem is also timed against its copies (engine/harness/stream_copy.py: its bytes moved, nothing
   computed; one with streaming stores, one with plain stores, since which is faster depends on the machine) as

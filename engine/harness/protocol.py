@@ -134,12 +134,16 @@ class Fetch(BaseModel):
 
 
 class Calibrate(BaseModel):
-    """Measure the machine's bandwidth and peak with numpy (no candidate code)."""
+    """Measure the machine's bandwidth and peak with numpy (no candidate code); with ``entry_shape``, instead
+    time the loaded library's entry point (the judge's own copy kernel, engine/harness/stream_copy.py)."""
 
     kind: Literal["calibrate"] = "calibrate"
     dram_bytes: int = Field(default=256 << 20, description="Working set of the DRAM copy.")
     cache_bytes: int = Field(default=256 << 10, description="Working set of the cache copy.")
     gemm_n: int = Field(default=1024, description="Size of the sgemm.")
+    entry_shape: dict[str, int] | None = Field(
+        default=None, description="Time the entry point at this shape (best of a few calls) instead of numpy."
+    )
 
 
 class Finish(BaseModel):
@@ -201,9 +205,10 @@ class Calibration(BaseModel):
     """The machine's measured limits, bytes or flops per second."""
 
     kind: Literal["calibration"] = "calibration"
-    dram_bps: float = Field(description="Streaming bandwidth far above the LLC.")
-    cache_bps: float = Field(description="Bandwidth on a working set in L2.")
-    peak_flops: float = Field(description="float32 sgemm rate.")
+    dram_bps: float = Field(description="Streaming bandwidth far above the LLC (0 when the entry was timed).")
+    cache_bps: float = Field(description="Bandwidth on a working set in L2 (0 when the entry was timed).")
+    peak_flops: float = Field(description="float32 sgemm rate (0 when the entry was timed).")
+    entry_ns: float | None = Field(default=None, description="The entry point's best time at entry_shape.")
 
 
 class Failure(BaseModel):
