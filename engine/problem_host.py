@@ -313,7 +313,8 @@ class ProblemHost:
             self._stop()
             raise HostEnded(
                 f"sent a reply of {_size(too_long.size)}, more than the judge accepts ({_size(limit)})",
-                fix="return smaller arrays (a smaller shape), or raise KF_PROBLEM_REPLY_MB",
+                fix="return smaller arrays (a smaller shape), keep module-level data small, or raise "
+                "KF_PROBLEM_REPLY_MB",
             ) from None
         except (EOFError, OSError):
             raise self._ended() from None
