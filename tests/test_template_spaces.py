@@ -34,12 +34,21 @@ PROBLEMS = builtin_problems("cpu")
 # validation shapes' 37 and 17 rows), rows that are not a whole number of vectors (its unaligned loop), at
 # both vector widths, with and without streaming stores.
 _SOFTMAX_PIPE = {"ONLINE": 0, "EXP": 5, "SIMD": 0, "FUSED": 0, "KEEP": 1, "PF": 1024, "PIPE": 2}
+_ROW_PIPE = {"ROWS": 4, "SIMD": 0, "FUSED": 0, "PF": 0, "PIPE": 1}
 EXTRA: dict[str, list[dict[str, Any]]] = {
     "softmax": [
         {**_SOFTMAX_PIPE, "VEC": 256, "ROWS": 4, "UNROLL": 2, "ALIGN": 0, "NT": 0},
         {**_SOFTMAX_PIPE, "VEC": 512, "ROWS": 2, "UNROLL": 1, "ALIGN": 1, "NT": 1},
         {**_SOFTMAX_PIPE, "VEC": 256, "ROWS": 8, "UNROLL": 1, "ALIGN": 1, "NT": 1},
     ],
+    # Short rows (at most 256 columns: the validation shapes' 1, 7 and 129) in blocks of SHORT rows, long ones in
+    # blocks of ROWS, pipelined and not.
+    "rmsnorm": [
+        {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1},
+        {**_ROW_PIPE, "PFL": 2, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PF": 1024, "PIPE": 0},
+    ],
+    "l2norm": [{**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1}],
+    "add_rmsnorm": [{**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 2}],
 }
 
 

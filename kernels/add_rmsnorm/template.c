@@ -25,6 +25,8 @@
  *   PIPE   1: software pipelining over blocks of ROWS rows: one loop reduces block b + 1 (reading x and
  *          residual from memory, writing h) while it writes block b's y (from h in cache), so reads and writes
  *          stream together; 0: each block is reduced, then written. Needs VEC > 0 and FUSED 0
+ *   SHORT  rows per block (fewer than ROWS) for rows of at most SHORT_COLS (256) columns; 0: ROWS for every
+ *          row (as in kernels/rmsnorm/template.c: many streams pay off on long rows, one on short ones)
  */
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +44,9 @@
 #define PFL {{PFL}}
 #define ALIGN {{ALIGN}}
 #define PIPE {{PIPE}}
+#define SHORT {{SHORT}}
+/* A row this short is reduced and written in blocks of SHORT rows (if SHORT > 0) instead of ROWS. */
+#define SHORT_COLS 256
 
 #if VEC == 512
 #pragma GCC target("prefer-vector-width=512")
@@ -337,35 +342,38 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
 }
 #endif
 
-void add_rmsnorm(const float *x, const float *residual, const float *w, float *h, float *y, int64_t rows,
-                 int64_t cols, float eps) {
+/* Every row, in blocks of R rows (a constant where inlined: SHORT or ROWS). */
+static inline __attribute__((always_inline)) void add_rmsnorm_blocks(const float *x, const float *residual,
+                                                                     const float *w, float *h, float *y,
+                                                                     int64_t rows, int64_t cols, float eps,
+                                                                     const int R) {
     const float inv_cols = 1.0f / (float)cols;
     float ss[ROWS], inv[ROWS];
     int64_t r = 0;
 #if PIPE
     /* Block 0 is only reduced, each later block is reduced while its predecessor is written, the last block
      * is only written; the rows after the last whole block go one by one below. */
-    const int64_t blocks = rows / ROWS;
+    const int64_t blocks = rows / R;
     if (blocks > 0) {
-        reduce_rows(x, residual, w, h, y, cols, ss, ROWS);
+        reduce_rows(x, residual, w, h, y, cols, ss, R);
         for (int64_t b = 1; b < blocks; b++) {
-            for (int i = 0; i < ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
-            const int64_t p = (b - 1) * ROWS * cols, n = p + ROWS * cols;
-            reduce_and_write(x + n, residual + n, h + n, h + p, x + p, residual + p, w, y + p, cols, inv, ss, ROWS);
+            for (int i = 0; i < R; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
+            const int64_t p = (b - 1) * R * cols, n = p + R * cols;
+            reduce_and_write(x + n, residual + n, h + n, h + p, x + p, residual + p, w, y + p, cols, inv, ss, R);
         }
-        const int64_t p = (blocks - 1) * ROWS * cols;
-        for (int i = 0; i < ROWS; i++) {
+        const int64_t p = (blocks - 1) * R * cols;
+        for (int i = 0; i < R; i++) {
             const int64_t o = p + i * cols;
             scale_row(h + o, x + o, residual + o, w, y + o, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
         }
-        r = blocks * ROWS;
+        r = blocks * R;
     }
 #else
-    for (; r + ROWS <= rows; r += ROWS) {
+    for (; r + R <= rows; r += R) {
         const int64_t o = r * cols;
-        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, ROWS);
-        for (int i = 0; i < ROWS; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
-        for (int i = 0; i < ROWS; i++) {
+        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, R);
+        for (int i = 0; i < R; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
+        for (int i = 0; i < R; i++) {
             const int64_t q = o + i * cols;
             scale_row(h + q, x + q, residual + q, w, y + q, cols, inv[i]);
         }
@@ -376,6 +384,16 @@ void add_rmsnorm(const float *x, const float *residual, const float *w, float *h
         reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, 1);
         scale_row(h + o, x + o, residual + o, w, y + o, cols, 1.0f / sqrtf(ss[0] * inv_cols + eps));
     }
+}
+
+void add_rmsnorm(const float *x, const float *residual, const float *w, float *h, float *y, int64_t rows,
+                 int64_t cols, float eps) {
+#if SHORT
+    if (cols <= SHORT_COLS)
+        add_rmsnorm_blocks(x, residual, w, h, y, rows, cols, eps, SHORT);
+    else
+#endif
+        add_rmsnorm_blocks(x, residual, w, h, y, rows, cols, eps, ROWS);
 #if KF_STREAMS
     _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
 #endif

@@ -61,6 +61,8 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "PF": [0, 1024],
     "ALIGN": [0, 1],
     "PIPE": [0, 1],
+    # Rows per block for short rows (at most 256 columns); 0: ROWS for every row (as in rmsnorm's template).
+    "SHORT": [0, 1, 2],
 }
 EPS = 1e-12
 
@@ -80,6 +82,8 @@ def template_allows(params: dict[str, Any]) -> bool:
         return False
     if params["PIPE"] and (vec == 0 or params["FUSED"]):
         return False
+    if params["SHORT"] and params["SHORT"] >= params["ROWS"]:
+        return False  # short rows go in smaller blocks than ROWS, or in blocks of ROWS (SHORT 0)
     return bool(params["ROWS"] * params["ACC"] <= 16)
 
 

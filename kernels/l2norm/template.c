@@ -20,6 +20,8 @@
  *          while it writes block b (from cache), so reads and writes stream together as in a copy;
  *          0: each block is reduced, then written (memory reads and writes alternate). Needs VEC > 0 and
  *          FUSED 0
+ *   SHORT  rows per block (fewer than ROWS) for rows of at most SHORT_COLS (256) columns; 0: ROWS for every
+ *          row (as in kernels/rmsnorm/template.c: many streams pay off on long rows, one on short ones)
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +38,9 @@
 #define PF {{PF}}
 #define ALIGN {{ALIGN}}
 #define PIPE {{PIPE}}
+#define SHORT {{SHORT}}
+/* A row this short is reduced and written in blocks of SHORT rows (if SHORT > 0) instead of ROWS. */
+#define SHORT_COLS 256
 
 #if VEC == 512
 #pragma GCC target("prefer-vector-width=512")
@@ -276,35 +281,46 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
 }
 #endif
 
-void l2norm(const float *x, float *y, int64_t rows, int64_t cols, float eps) {
+/* Every row, in blocks of R rows (a constant where inlined: SHORT or ROWS). */
+static inline __attribute__((always_inline)) void l2norm_blocks(const float *x, float *y, int64_t rows,
+                                                                int64_t cols, float eps, const int R) {
     float ss[ROWS], inv[ROWS];
     int64_t r = 0;
 #if PIPE
     /* Block 0 is only reduced, each later block is reduced while its predecessor is written, the last block
      * is only written; the rows after the last whole block go one by one below. */
-    const int64_t blocks = rows / ROWS;
+    const int64_t blocks = rows / R;
     if (blocks > 0) {
-        reduce_rows(x, y, cols, ss, ROWS);
+        reduce_rows(x, y, cols, ss, R);
         for (int64_t b = 1; b < blocks; b++) {
-            for (int i = 0; i < ROWS; i++) inv[i] = kf_inv_norm(ss[i], eps);
-            const int64_t p = (b - 1) * ROWS * cols;
-            reduce_and_write(x + p + ROWS * cols, x + p, y + p, cols, inv, ss, ROWS);
+            for (int i = 0; i < R; i++) inv[i] = kf_inv_norm(ss[i], eps);
+            const int64_t p = (b - 1) * R * cols;
+            reduce_and_write(x + p + R * cols, x + p, y + p, cols, inv, ss, R);
         }
-        const int64_t p = (blocks - 1) * ROWS * cols;
-        for (int i = 0; i < ROWS; i++) scale_row(x + p + i * cols, y + p + i * cols, cols, kf_inv_norm(ss[i], eps));
-        r = blocks * ROWS;
+        const int64_t p = (blocks - 1) * R * cols;
+        for (int i = 0; i < R; i++) scale_row(x + p + i * cols, y + p + i * cols, cols, kf_inv_norm(ss[i], eps));
+        r = blocks * R;
     }
 #else
-    for (; r + ROWS <= rows; r += ROWS) {
-        reduce_rows(x + r * cols, y + r * cols, cols, ss, ROWS);
-        for (int i = 0; i < ROWS; i++) inv[i] = kf_inv_norm(ss[i], eps);
-        for (int i = 0; i < ROWS; i++) scale_row(x + (r + i) * cols, y + (r + i) * cols, cols, inv[i]);
+    for (; r + R <= rows; r += R) {
+        reduce_rows(x + r * cols, y + r * cols, cols, ss, R);
+        for (int i = 0; i < R; i++) inv[i] = kf_inv_norm(ss[i], eps);
+        for (int i = 0; i < R; i++) scale_row(x + (r + i) * cols, y + (r + i) * cols, cols, inv[i]);
     }
 #endif
     for (; r < rows; r++) {
         reduce_rows(x + r * cols, y + r * cols, cols, ss, 1);
         scale_row(x + r * cols, y + r * cols, cols, kf_inv_norm(ss[0], eps));
     }
+}
+
+void l2norm(const float *x, float *y, int64_t rows, int64_t cols, float eps) {
+#if SHORT
+    if (cols <= SHORT_COLS)
+        l2norm_blocks(x, y, rows, cols, eps, SHORT);
+    else
+#endif
+        l2norm_blocks(x, y, rows, cols, eps, ROWS);
 #if KF_STREAMS
     _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
 #endif

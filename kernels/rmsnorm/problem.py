@@ -52,6 +52,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "PFL": [1, 2],
     "ALIGN": [0, 1],
     "PIPE": [0, 1],
+    # Rows per block for short rows (at most 256 columns); 0: ROWS for every row. Named as in l2norm's and
+    # add_rmsnorm's templates, so lessons transfer within the row-reduction family.
+    "SHORT": [0, 1, 2],
 }
 EPS = 1e-6
 # The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long.
@@ -78,7 +81,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     """Settings that are pointless, duplicates or spill registers are skipped: SIMD (omp simd reductions) is
     for the plain-C path with one accumulator and one row; streaming stores need explicit vectors and an
     aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a vector width (VEC > 0); the prefetch level means
-    nothing without a prefetch; at most 16 accumulators in flight (ROWS x ACC), the registers there are."""
+    nothing without a prefetch; at most 16 accumulators in flight (ROWS x ACC), the registers there are; short
+    rows in smaller blocks than ROWS (SHORT < ROWS: SHORT = ROWS is SHORT = 0)."""
     vec, simd = params["VEC"], params["SIMD"]
     if simd and (vec != 0 or params["ACC"] != 1 or params["ROWS"] != 1):
         return False
@@ -89,6 +93,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     if params["PF"] == 0 and params["PFL"] != 1:
         return False
     if params["PIPE"] and (vec == 0 or params["FUSED"]):
+        return False
+    if params["SHORT"] and params["SHORT"] >= params["ROWS"]:
         return False
     return bool(params["ROWS"] * params["ACC"] <= 16)
 
