@@ -267,7 +267,7 @@ class Worker:
         arrays = []  # held until the calls are done: an array's mapping is unmapped with the last reference to it
         for q in plan.params:
             if not q.is_array:
-                args.append(_scalar(q, shape, {}))
+                args.append(_scalar(q, shape, {q.name: 0}))  # a copy ignores its scalars
                 continue
             array = _placed_empty(np, tuple(int(shape[d]) for d in q.shape), q.dtype, 0 if q.role == "in" else half)
             array.fill(1)
