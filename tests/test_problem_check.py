@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -110,10 +111,11 @@ HOSTILE_FOLDERS = {
     "unnamed placeholder": ({"template_c": ("{{VEC}}", "{{VECX}}")}, "loads", "{{VECX}}"),
     "empty knob": ({"problem_py": ('"PF": [0, 1024],', '"PF": [],')}, "loads", "TEMPLATE_PARAMS['PF'] is []"),
     "a template space of billions": (
-        # 2304 settings times 10^6 values of a knob no placeholder uses: enumerating them would fill the memory.
+        # l2norm's settings times 10^6 values of a knob no placeholder uses: enumerating them would fill the memory.
         {"problem_py": ('"PF": [0, 1024],', '"PF": [0, 1024],\n    "SPARE": list(range(10**6)),')},
         "loads",
-        "TEMPLATE_PARAMS spans 2,304,000,000 settings (3 VEC x 4 ACC",
+        f"TEMPLATE_PARAMS spans {math.prod(len(v) for v in load_problem('l2norm').template_params.values()) * 10**6:,} "
+        "settings (3 VEC x 4 ACC",
     ),
     "a shape past memory": (
         {"problem_py": ('({"rows": 512, "cols": 4096}, 2.0)', '({"rows": 5120000, "cols": 409600}, 2.0)')},
@@ -205,7 +207,8 @@ HOSTILE_FOLDERS = {
     "a template_allows that never returns": (
         replaced("template_allows", "while True: pass"),
         "template",
-        "template_allows over 2304 settings did not return within 1 s",
+        f"template_allows over {math.prod(len(v) for v in load_problem('l2norm').template_params.values())} settings "
+        "did not return within 1 s",
     ),
     "a template_allows that answers with an array": (
         replaced("template_allows", "return np.array([1, 2])"),
