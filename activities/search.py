@@ -494,6 +494,7 @@ class SearchActivities:
             speedup_ci_low=None if untimed else numpy_report.ci_low,
             speedup_ci_high=None if untimed else numpy_report.ci_high,
             roofline_fraction=versus.roofline_fraction,
+            method=versus.method,
             shared_cores=not versus.cpus_exclusive,
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,

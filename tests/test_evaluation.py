@@ -18,7 +18,7 @@ from engine.harness.evaluation import evaluate
 from engine.harness.machine import machine_limits
 from engine.harness.stats import speedup_with_intervals
 from engine.harness.validation import ArtifactNotFound, validate_artifact
-from engine.harness.verdicts import Verdict
+from engine.harness.verdicts import CPU_MEASUREMENT_METHOD, Verdict
 from engine.problems import Problem, builtin_problems, load_problem
 
 BUDGET_S = 0.4
@@ -103,6 +103,7 @@ def test_one_child_times_several_references(cache: Path) -> None:
         assert report.ci_low <= report.speedup <= report.ci_high
         assert [s.shape for s in report.shapes] == [s for s, _ in problem.benchmark_shapes]
         assert report.hardware.cores_used == 1 and report.hardware.memory_bandwidth_gbs
+        assert report.method == CPU_MEASUREMENT_METHOD  # says how it was read, for the lessons
     # Both comparisons come from the same timed rounds: the candidate's medians are shared.
     assert [s.candidate_ns for s in reports[0].shapes] == [s.candidate_ns for s in reports[1].shapes]
 

@@ -22,6 +22,7 @@ from engine.evidence.lessons_projection import (
 from engine.evidence.migrations import MIGRATIONS_DIR
 from engine.evidence.projections import checkpoint_of
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import CPU_MEASUREMENT_METHOD, LEGACY_METHOD
 from engine.problems import load_problem
 from engine.search.candidates import Candidate
 from engine.search.steps import StepOutput
@@ -357,6 +358,56 @@ async def test_a_re_measurement_is_another_reading_of_the_setting_and_never_a_ve
     assert not [f for f in lessons.failures if "crashed" in f.model_dump_json()]
 
 
+async def test_a_newer_measurement_method_replaces_a_settings_readings_and_an_older_one_is_not_mixed_in(
+    store: EventStore,
+) -> None:
+    loaded = load_problem("softmax")
+    from engine.proposers.random_template import template_candidate, template_space
+
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    setting = template_candidate(loaded, template_space(loaded)[-1], None, proposer="t", parent_id=seed.candidate_id)
+    search = SyntheticSearch(store, "s1", "softmax")
+    events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
+    # Two readings recorded before outcomes named their method: LEGACY_METHOD.
+    events += [search.proposed(1, setting)]
+    events += search.outcome(1, setting, failure=None, speedup=4.0, parent_speedup=0.5)
+
+    def reading(n: int, speedup: float, method: int | None) -> NewEvent:
+        output = StepOutput(
+            step="confirm",
+            verdict="ok",
+            event_id="",
+            speedup=speedup,
+            speedup_ci_low=speedup * 0.99,
+            speedup_ci_high=speedup * 1.01,
+            method=method,
+        )
+        return search.event(
+            f"s1/g1/{setting.candidate_id[:24]}/remeasured-{n}",
+            "candidate.remeasured",
+            {"generation": 1, "candidate_id": setting.candidate_id, "output": output.model_dump(mode="json")},
+        )
+
+    events.append(reading(1, 3.8, None))
+    await store.append(search.stream, events)
+    [found] = (await lessons_for(store, "softmax", TARGET)).settings
+    assert found.method == LEGACY_METHOD and found.n == 2
+
+    # Today's judge reads it at 3.0: the old readings no longer count, and a later legacy reading (a worker
+    # still on the old code) is not mixed in with the new ones.
+    await store.append(search.stream, [reading(2, 3.0, CPU_MEASUREMENT_METHOD), reading(3, 4.2, LEGACY_METHOD)])
+    [found] = (await lessons_for(store, "softmax", TARGET)).settings
+    assert found.method == CPU_MEASUREMENT_METHOD and found.n == 1
+    assert found.log_speedup_mean == pytest.approx(math.log(3.0))
+    # The changes' rows keep every reading, whatever its method.
+    before = await view_rows(store)
+    [everything] = [r for r in before["lesson_stats"] if r["problem"] == "softmax" and r["change"] == "*"]
+    assert len(everything["log_speedup_samples"]) == 5  # the seed's and the setting's four
+    # A rebuild from position 0 folds the same.
+    await rebuild_lessons(store)
+    assert await view_rows(store) == before
+
+
 async def test_settings_of_another_problem_of_the_family_carry_its_name(store: EventStore) -> None:
     softmax = await record_random_search(store, "s1", "softmax", seed=9, generations=2, failure=lambda p: None)
     rmsnorm = await record_random_search(store, "s2", "rmsnorm", seed=9, generations=2, failure=lambda p: None)
@@ -387,6 +438,7 @@ async def test_migration_0004_refolds_the_older_events_into_lesson_settings(
     # Its SQL as the runner applies it (the runner itself refuses 0004 again once later migrations are applied).
     await store.pool.execute((MIGRATIONS_DIR / "0004_lesson_settings.sql").read_text())
     await store.pool.execute((MIGRATIONS_DIR / "0008_setting_reading_widths.sql").read_text())
+    await store.pool.execute((MIGRATIONS_DIR / "0010_setting_measurement_method.sql").read_text())
     await store.pool.execute((MIGRATIONS_DIR / "0009_fold_remeasurements.sql").read_text())
     assert await checkpoint_of(store.pool, PROJECTION) == 0
     assert all(not rows for rows in (await view_rows(store)).values())

@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from engine.evidence.store import EventStore
 from engine.harness.evaluation import validate_artifact
+from engine.harness.verdicts import CPU_MEASUREMENT_METHOD
 from engine.problems import load_problem
 from engine.search.candidates import Candidate
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
@@ -217,6 +218,7 @@ async def test_a_shaky_promotion_is_re_measured_and_promotes_only_if_it_holds(
         if e.type == "candidate.benchmarked" and e.payload["generation"] == 1 and e.payload["output"]["verdict"] == "ok"
     }
     fastest = max(first, key=lambda cid: first[cid]["ratio"])
+    assert {o["method"] for o in first.values()} == {CPU_MEASUREMENT_METHOD}  # each outcome says how it was read
     again = [e for e in events if e.type == "candidate.remeasured" and e.payload["candidate_id"] == fastest]
     assert again and again[0].position < generation_position(events, 1)
     [settled] = [o for o in generation["outcomes"] if o["candidate_id"] == fastest]

@@ -10,6 +10,7 @@ from typing import Any
 from engine.evidence.events import NewEvent
 from engine.evidence.lessons_projection import BUSY_READING_HALFWIDTH
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import CPU_MEASUREMENT_METHOD, LEGACY_METHOD
 from engine.problems import load_problem
 from engine.proposers import SearchProposer
 from engine.proposers.base import ProposalContext
@@ -61,6 +62,7 @@ def _setting(problem: str, candidate_id: str, speedup: float, n: int, var: float
         "n": n,
         "log_speedup_mean": math.log(speedup),
         "log_speedup_var": var,
+        "method": CPU_MEASUREMENT_METHOD,
     }
 
 
@@ -78,10 +80,16 @@ def test_only_settings_clearly_slower_than_the_incumbent_are_settled() -> None:
             _setting("rmsnorm", "sibling", 1.0, 4),  # another problem's candidate: not this search's to skip
         ]
     }
-    assert settled_candidates(problem, lessons, {"speedup": 3.0}) == {"much-slower", "twice-slower"}
+    now = CPU_MEASUREMENT_METHOD
+    assert settled_candidates(problem, lessons, {"speedup": 3.0}, now) == {"much-slower", "twice-slower"}
     # Without the incumbent's speedup (or with nonsense) nothing is settled.
-    assert settled_candidates(problem, lessons, {}) == set()
-    assert settled_candidates(problem, lessons, {"speedup": float("nan")}) == set()
+    assert settled_candidates(problem, lessons, {}, now) == set()
+    assert settled_candidates(problem, lessons, {"speedup": float("nan")}, now) == set()
+    # Readings taken by an older measurement method (or not saying which) settle nothing for today's judge.
+    older = {"settings": [s | {"method": LEGACY_METHOD} for s in lessons["settings"]]}
+    assert settled_candidates(problem, older, {"speedup": 3.0}, now) == set()
+    unsaid = {"settings": [{k: v for k, v in s.items() if k != "method"} for s in lessons["settings"]]}
+    assert settled_candidates(problem, unsaid, {"speedup": 3.0}, now) == set()
 
 
 def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
@@ -98,6 +106,7 @@ def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
                 "n": 2,
                 "log_speedup_mean": math.log(2.0),
                 "log_speedup_var": 0.0,
+                "method": CPU_MEASUREMENT_METHOD,
             }
             for cid, params in zip(ids[8:], space[8:], strict=True)
         ]
@@ -114,6 +123,11 @@ def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
     )
     picks = SearchProposer().propose(problem, context)
     assert len(picks) == 4 and {p.candidate_id for p in picks} <= set(ids[:8])
+    # The same evidence read by an older measurement method settles nothing: the judge changed how it reads, so
+    # the settings are worth reading again.
+    older = {"settings": [s | {"method": LEGACY_METHOD} for s in lessons["settings"]]}
+    picks = SearchProposer().propose(problem, context.model_copy(update={"lessons": older}))
+    assert any(p.candidate_id in set(ids[8:]) for p in picks)
     # The same evidence with a slower incumbent (the seed at 1.5x) settles nothing: the known 2x settings are
     # how that search catches up, so the model's best known ones come first.
     context = context.model_copy(update={"incumbent_evidence": {"speedup": 1.5}})

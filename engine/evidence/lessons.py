@@ -31,6 +31,7 @@ from engine.errors import UserError
 from engine.evidence.lessons_projection import ALL, PROJECTION, catch_up_lessons, params_of
 from engine.evidence.projections import checkpoint_of
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import LEGACY_METHOD
 
 FAMILY_WEIGHT = 0.5
 """How much a candidate of another problem of the family counts, relative to one of the problem itself."""
@@ -162,6 +163,10 @@ class SettingEvidence(BaseModel):
     log_interval_halfwidth: float | None = None
     """Mean half-width, in ln, of those benchmarks' intervals (a busy machine's reading counts as wide,
     see BUSY_READING_HALFWIDTH); None when none was recorded. The model counts wide readings for less."""
+    method: int = LEGACY_METHOD
+    """The measurement method of those benchmarks (engine/harness/verdicts.py): all of one, the newest the
+    setting was read with. A setting whose readings are of an older method than the judge's today settles
+    nothing (engine/proposers/search.py settled_candidates)."""
 
 
 class Lessons(BaseModel):
@@ -249,7 +254,7 @@ async def lessons_for(
         target,
     )
     settings = await store.pool.fetch(
-        "SELECT problem, candidate_id, params, log_speedup_samples, log_halfwidth_samples, last_position "
+        "SELECT problem, candidate_id, params, log_speedup_samples, log_halfwidth_samples, last_position, method "
         "FROM lesson_settings "
         "WHERE family = $1 AND target = $2 ORDER BY problem, candidate_id",
         family,
@@ -461,6 +466,7 @@ def _setting_evidence(rows: Sequence[asyncpg.Record | dict[str, Any]]) -> list[S
                 log_speedup_mean=_mean(samples),
                 log_speedup_var=statistics.variance(samples) if len(samples) > 1 else 0.0,
                 log_interval_halfwidth=_mean(widths) if widths else None,
+                method=int(row.get("method") or LEGACY_METHOD),
             )
         )
     return evidence

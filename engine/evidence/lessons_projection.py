@@ -25,7 +25,9 @@ the kernel: it counts nowhere and is never indexed for reuse, so a later outcome
 And per (problem family, problem, target, template setting), in ``lesson_settings``: the setting's
 parameter values and ln(speedup over numpy) of each of its benchmarks with verdict ok. Per-change rows
 only show marginal effects; these let the search proposer fit a model with interactions (values that pay
-only together). Hand-written candidates (no parameters) have no setting row.
+only together). Hand-written candidates (no parameters) have no setting row. A setting's readings are all
+of one measurement method (engine/harness/verdicts.py): a reading by a newer method than the row's replaces
+its samples, one by an older method is not folded into it (the changes' rows keep every reading).
 
 Samples are kept in the view, the most recent LESSON_SAMPLES per row, so medians are exact and a rebuild
 is identical. The same fold also keeps ``candidate_evidence``: the first compile and validation outcome of
@@ -45,6 +47,7 @@ from engine.errors import UserError
 from engine.evidence.events import RecordedEvent
 from engine.evidence.projections import ProjectionTransaction
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import LEGACY_METHOD
 from engine.outages import is_kernel_outcome
 
 PROJECTION = "lessons"
@@ -175,6 +178,7 @@ class _Setting:
     log_speedup_samples: list[float] = field(default_factory=list)
     last_position: int = 0
     log_halfwidth_samples: list[float] = field(default_factory=list)
+    method: int = LEGACY_METHOD
 
 
 @dataclass
@@ -369,6 +373,12 @@ class _Fold:
             stats.log_speedup_samples = _bounded(stats.log_speedup_samples, math.log(speedup))
         if candidate is not None and candidate.params:
             setting = await self.setting_row(search, candidate_id, candidate.params, event.position)
+            method = _method_of(output)
+            if method < setting.method:
+                return candidate  # an older method's reading cannot be compared with the setting's
+            if method > setting.method:
+                # A newer method supersedes the readings taken the old way (the log keeps them).
+                setting.log_speedup_samples, setting.log_halfwidth_samples, setting.method = [], [], method
             setting.log_speedup_samples = _bounded(setting.log_speedup_samples, math.log(speedup))
             setting.log_halfwidth_samples = _bounded(
                 setting.log_halfwidth_samples,
@@ -468,7 +478,7 @@ class _Fold:
         key = (search.family, search.problem, search.target, candidate_id)
         if key not in self.settings:
             row = await self.connection.fetchrow(
-                "SELECT params, log_speedup_samples, last_position, log_halfwidth_samples FROM lesson_settings "
+                "SELECT params, log_speedup_samples, last_position, log_halfwidth_samples, method FROM lesson_settings "
                 "WHERE family = $1 AND problem = $2 AND target = $3 AND candidate_id = $4",
                 *key,
             )
@@ -480,6 +490,7 @@ class _Fold:
                     list(row["log_speedup_samples"]),
                     row["last_position"],
                     list(row["log_halfwidth_samples"]),
+                    row["method"],
                 )
             )
         setting = self.settings[key]
@@ -578,11 +589,11 @@ class _Fold:
             await self.connection.executemany(
                 """
                 INSERT INTO lesson_settings (family, problem, target, candidate_id, params, log_speedup_samples,
-                    last_position, log_halfwidth_samples)
-                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8)
+                    last_position, log_halfwidth_samples, method)
+                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)
                 ON CONFLICT (family, problem, target, candidate_id) DO UPDATE SET
                     log_speedup_samples = EXCLUDED.log_speedup_samples, last_position = EXCLUDED.last_position,
-                    log_halfwidth_samples = EXCLUDED.log_halfwidth_samples
+                    log_halfwidth_samples = EXCLUDED.log_halfwidth_samples, method = EXCLUDED.method
                 """,
                 [
                     (
@@ -591,6 +602,7 @@ class _Fold:
                         s.log_speedup_samples,
                         s.last_position,
                         s.log_halfwidth_samples,
+                        s.method,
                     )
                     for key in sorted(self.dirty_settings)
                     for s in [self.settings[key]]
@@ -667,6 +679,13 @@ def _kernel_outcome(verdict: str, body: dict[str, Any]) -> bool:
     """True when a step outcome is the kernel's verdict (see engine/outages.py), judged from its evidence."""
     signal = body.get("signal")
     return is_kernel_outcome(verdict, signal if isinstance(signal, int) and not isinstance(signal, bool) else None)
+
+
+def _method_of(output: dict[str, Any]) -> int:
+    """The measurement method of a recorded reading (engine/harness/verdicts.py); LEGACY_METHOD for an outcome
+    recorded before outcomes said, or one whose field is not a whole number."""
+    method = output.get("method")
+    return method if isinstance(method, int) and not isinstance(method, bool) and method > 0 else LEGACY_METHOD
 
 
 def _positive(value: Any) -> float | None:

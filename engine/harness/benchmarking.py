@@ -59,7 +59,7 @@ from engine.harness.validation import (
     plan_trials,
     trial_seed,
 )
-from engine.harness.verdicts import BenchmarkReport, CaseEvidence, ShapeTiming, Verdict
+from engine.harness.verdicts import CPU_MEASUREMENT_METHOD, BenchmarkReport, CaseEvidence, ShapeTiming, Verdict
 from engine.problems import DTYPES, Problem
 
 __all__ = ["DEFAULT_BUDGET_S", "Reference", "benchmark_artifact", "machine_limits", "pool_slots", "roofline_ns"]
@@ -311,7 +311,12 @@ def benchmark_artifact(
     state: dict[str, Any] = {"phase": "loading", "shape": {}}
     runner: TrialRunner | None = None
     handshake_shares: list[float] = []
-    common: dict[str, Any] = {"threads": threads, "hardware": fingerprint, "confidence": confidence}
+    common: dict[str, Any] = {
+        "threads": threads,
+        "hardware": fingerprint,
+        "confidence": confidence,
+        "method": CPU_MEASUREMENT_METHOD,
+    }
 
     def failed(verdict: Verdict, evidence: CaseEvidence) -> list[BenchmarkReport]:
         return [

@@ -151,6 +151,30 @@ class ShapeTiming(BaseModel):
     )
 
 
+LEGACY_METHOD = 1
+"""The measurement method of every benchmark report recorded before reports said which they were."""
+
+CPU_MEASUREMENT_METHOD = 2
+"""Version of how the CPU judge takes a reading. Bump it with any change to the harness that can move a
+kernel's reading (where inputs and outputs lie, how contenders are interleaved, what a timed call covers):
+readings of different methods are not comparable, so the lessons keep a setting's readings of the newest
+method only (engine/evidence/lessons_projection.py) and a warm search re-measures a setting that only an
+older method has settled (engine/proposers/search.py settled_candidates).
+
+1. Reports recorded before the field existed. Outputs came from malloc: the first benchmark shape's were
+   mmapped 64 bytes into a page, 4K-aliased with the page-aligned inputs, which slowed streaming stores there.
+2. Each output in an anonymous mapping of its own, at offsets spread over the page (engine/harness/worker.py
+   output_offsets)."""
+
+CUDA_MEASUREMENT_METHOD = 1
+"""The same for the CUDA judge (engine/harness/cuda/judge.py): unchanged since its first reading."""
+
+
+def measurement_method(target: str) -> int:
+    """The method a reading on ``target`` (``cpu-…`` or ``cuda-sm…``) is taken with today."""
+    return CUDA_MEASUREMENT_METHOD if target.startswith("cuda") else CPU_MEASUREMENT_METHOD
+
+
 class BenchmarkReport(BaseModel):
     """The candidate against one reference point, timed interleaved in one sandboxed process."""
 
@@ -179,6 +203,14 @@ class BenchmarkReport(BaseModel):
     cases: list[CaseEvidence] = Field(default_factory=list, description="Evidence when verdict is not ok.")
     message: str = Field(default="", description="One-line summary.")
     hardware: HardwareFingerprint = Field(description="Machine, compiler and cores of the measurement.")
+    method: int = Field(
+        default=LEGACY_METHOD,
+        description=(
+            "How the judge took the reading: CPU_MEASUREMENT_METHOD or CUDA_MEASUREMENT_METHOD of the code that "
+            "timed it. Readings of different methods are not comparable; reports recorded before the field "
+            "existed read as LEGACY_METHOD."
+        ),
+    )
     timed_seconds: float = Field(
         default=0.0, description="Seconds inside timed calls, all contenders, timed rounds only (not warm-up)."
     )

@@ -46,6 +46,7 @@ import numpy as np
 
 from engine.evidence.lessons import ChangePrior
 from engine.evidence.lessons_projection import change_of
+from engine.harness.verdicts import LEGACY_METHOD, measurement_method
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import template_candidate, template_space
@@ -154,7 +155,9 @@ class SearchProposer:
         if not space or context.count <= 0:
             return []
         # Settled settings are as good as seen: measuring them again cannot promote them (issue 12 item 5).
-        seen = set(context.seen) | settled_candidates(problem, context.lessons, context.incumbent_evidence)
+        seen = set(context.seen) | settled_candidates(
+            problem, context.lessons, context.incumbent_evidence, measurement_method(context.target)
+        )
         parent_id = context.incumbent.candidate_id if context.incumbent else None
         fresh = [
             option
@@ -273,14 +276,18 @@ def _changes(params: dict[str, Any]) -> set[str]:
 
 
 def settled_candidates(
-    problem: Problem, lessons: dict[str, Any] | None, incumbent_evidence: dict[str, Any] | None
+    problem: Problem,
+    lessons: dict[str, Any] | None,
+    incumbent_evidence: dict[str, Any] | None,
+    method: int,
 ) -> set[str]:
     """The candidates of ``problem`` whose evidence on the target already says they are slower than the
     incumbent: the upper end of their mean ln(speedup) (two standard errors, each reading's spread at least
     SETTLED_READING_SD and what its intervals say, see _reading_var) is below the incumbent's. A warm search
     that starts from the best known kernel then spends its budget on what it has not measured instead of
     confirming what it knows; a setting measured once on a busy machine, or never clearly slower, stays
-    proposable."""
+    proposable. Only readings of measurement ``method`` (today's judge's, engine/harness/verdicts.py) settle:
+    a setting read only the old way is measured again."""
     speedup = (incumbent_evidence or {}).get("speedup")
     if not isinstance(speedup, int | float) or not math.isfinite(speedup) or speedup <= 0:
         return set()
@@ -289,6 +296,8 @@ def settled_candidates(
     for setting in (lessons or {}).get("settings") or []:
         n = int(setting.get("n", 0))
         if setting.get("problem") != problem.name or n <= 0:
+            continue
+        if int(setting.get("method") or LEGACY_METHOD) != method:
             continue
         # A wide or busy reading settles nothing (its width says how far off it may be).
         variance = max(

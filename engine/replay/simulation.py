@@ -34,6 +34,7 @@ import numpy as np
 
 from engine.evidence.lessons import _Row, build_lessons
 from engine.evidence.lessons_projection import ALL, LESSON_SAMPLES, changes_of, reading_halfwidth
+from engine.harness.verdicts import measurement_method
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext, Proposer
 from engine.replay.landscape import Landscape, Outcome, Setting, setting_key
@@ -210,6 +211,8 @@ class ReplayLessons:
                     "params": dict(candidate.params),
                     "log_speedup_samples": [],
                     "log_halfwidth_samples": [],
+                    # A landscape is recorded by today's judge.
+                    "method": measurement_method(self.target),
                 },
             )
             setting["log_speedup_samples"] = [*setting["log_speedup_samples"], log_speedup][-LESSON_SAMPLES:]

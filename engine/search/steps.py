@@ -161,6 +161,9 @@ class StepOutput(BaseModel):
     shared_cores: bool = False
     """Benchmark: the timing shared its cores with another sandbox (the machine was busy), so the reading is
     re-measured before it promotes."""
+    method: int | None = None
+    """Benchmark: how the judge took the reading (engine/harness/verdicts.py CPU_MEASUREMENT_METHOD); None in
+    outcomes recorded before the field existed, which were LEGACY_METHOD readings."""
     roofline_fraction: float | None = None
     """Benchmark: how close the candidate came to the machine's roofline (weighted geometric mean over shapes
     of bound / time; 1.0 is at the bound), None where no bound was computed."""

@@ -43,7 +43,14 @@ from engine.harness.driver import ArtifactNotFound, Failed
 from engine.harness.protocol import ParamSpec
 from engine.harness.stats import speedup_with_intervals, weighted_geomean
 from engine.harness.validation import DEFAULT_CALL_TIMEOUT_S, TrialRunner, plan_trials, trial_seed
-from engine.harness.verdicts import BenchmarkReport, CaseEvidence, ShapeTiming, ValidationReport, Verdict
+from engine.harness.verdicts import (
+    CUDA_MEASUREMENT_METHOD,
+    BenchmarkReport,
+    CaseEvidence,
+    ShapeTiming,
+    ValidationReport,
+    Verdict,
+)
 from engine.problems import Problem
 
 __all__ = ["DEFAULT_GPU_NOISE_FLOOR", "benchmark_cuda", "validate_cuda"]
@@ -342,6 +349,7 @@ def benchmark_cuda(
             # The GPU was held alone (lease.py); the host's cores do not enter an event-timed figure.
             "cpus_exclusive": True,
             "revalidated": revalidated,
+            "method": CUDA_MEASUREMENT_METHOD,
             "hardware": fingerprint.model_copy(update={"gpu": gpu}),
             "timed_seconds": float(sum(s.sum() for s in samples)) / 1e9,
             "seconds": time.perf_counter() - started,
@@ -478,6 +486,7 @@ def _report_without_timing(
         cases=[evidence],
         message=evidence.message,
         hardware=hardware,
+        method=CUDA_MEASUREMENT_METHOD,
         seconds=seconds,
     )
 
