@@ -8,9 +8,10 @@ against recorded landscapes, with Kernel Tuner's own strategies as the peer.
    (a seeded sample of --max-settings when the space is larger), and the seed kernel, compiled, validated
    and timed against numpy --record-repeats times on this machine, kept as events in a private event log
    (a pgserver Postgres under $KF_HOME/bench/landscapes, or --database-url). A later run reuses the newest
-   recording of the problem's current definition (its fingerprint); --record records a new take; a
-   recording that stopped half-way is resumed. --stale-ok replays the newest recording of an older
-   definition of the problem when the current one has none (its settings that are still in the space).
+   recording of the problem's current definition (its fingerprint) taken by the judge's current measurement
+   method (engine/harness/verdicts.py); --record records a new take; a recording that stopped half-way is
+   resumed. --stale-ok replays the newest recording of an older definition or method when the current one
+   has none (its settings that are still in the space).
 2. Replay (engine/replay/simulation.py): each proposer searches as a KernelSearch would -- generations of
    --per-generation candidates from a ProposalContext with the search's seed, its incumbent, what it has
    seen and lessons built from its own replayed outcomes (engine/evidence/lessons.build_lessons, as the
@@ -82,6 +83,7 @@ from local_stack import local_postgres
 from engine.config import kf_home
 from engine.evidence.migrations import migrate
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import measurement_method
 from engine.problems import Problem, builtin_problems, load_problem
 from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import Proposer
@@ -150,7 +152,8 @@ async def landscape_store(database_url: str | None) -> AsyncIterator[EventStore]
 
 
 async def landscapes(args: argparse.Namespace, problems: list[str]) -> dict[str, tuple[Landscape, bool]]:
-    """The landscape of each problem and whether it is stale (recorded for an older definition): recorded
+    """The landscape of each problem and whether it is stale (recorded for an older definition, or by an older
+    measurement method of the judge): recorded
     now, or reused from the log."""
     found: dict[str, tuple[Landscape, bool]] = {}
     async with landscape_store(args.database_url) as store:
@@ -158,10 +161,13 @@ async def landscapes(args: argparse.Namespace, problems: list[str]) -> dict[str,
             problem = load_problem(name)
             if args.stale_ok and not args.record:
                 stored = await stored_recordings(store, problem.name, _target())
-                current = stored.latest(problem.fingerprint())
+                current = stored.latest(problem.fingerprint(), method=measurement_method(_target()))
                 older = stored.latest()
                 if current is None and older is not None:
-                    say(f"{name}: replaying a recording of an older definition ({older.recording})")
+                    say(
+                        f"{name}: replaying a recording of an older definition or measurement method "
+                        f"({older.recording})"
+                    )
                     found[name] = (older, True)
                     continue
             plan = RecordingPlan(

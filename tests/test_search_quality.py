@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import CPU_MEASUREMENT_METHOD, LEGACY_METHOD
 from engine.problems import Problem, load_problem
 from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import ProposalContext
@@ -273,7 +274,7 @@ def measured_payloads(landscape: Landscape, fingerprint: str, recording: str) ->
 async def test_a_recorded_landscape_is_kept_in_the_log_and_reused(store: EventStore) -> None:
     problem, landscape = toy_landscape(problem="kda")
     current = problem.fingerprint()
-    recording = f"{current[:16]}-all-t0"
+    recording = f"{current[:16]}-all-m{CPU_MEASUREMENT_METHOD}-t0"
     payloads = measured_payloads(landscape, current, recording)
     closing = LandscapeRecorded(
         recording=recording,
@@ -287,6 +288,7 @@ async def test_a_recorded_landscape_is_kept_in_the_log_and_reused(store: EventSt
         repeats=3,
         budget_s=0.2,
         seconds=1.0,
+        method=CPU_MEASUREMENT_METHOD,
     )
     stream = stream_of(landscape.problem, landscape.target)
     # Half the settings, then (a resumed recording) all of them: appends are idempotent per setting.
@@ -304,6 +306,18 @@ async def test_a_recorded_landscape_is_kept_in_the_log_and_reused(store: EventSt
     plan = RecordingPlan(problem="kda", target=landscape.target, max_settings=len(landscape.settings))
     reused = await record_landscape(store, plan)
     assert reused.recording == recording
+    # A newer take by an older measurement method of the judge (as a recording closed before recordings named
+    # their method reads) is stale: the current method's take is the one reused.
+    legacy = f"{current[:16]}-all-t1"
+    await store.append(
+        stream,
+        [measured_event(p) for p in measured_payloads(landscape, current, legacy)]
+        + [recorded_event(closing.model_copy(update={"recording": legacy, "method": LEGACY_METHOD}))],
+    )
+    stored = await stored_recordings(store, landscape.problem, landscape.target)
+    assert stored.latest(current).recording == legacy  # type: ignore[union-attr]
+    assert stored.latest(current, method=CPU_MEASUREMENT_METHOD).recording == recording  # type: ignore[union-attr]
+    assert (await record_landscape(store, plan)).recording == recording
 
 
 def test_a_capped_recording_is_a_stable_seeded_sample() -> None:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.evidence.events import EventPayload, NewEvent, decode, event_type, to_new_event
 from engine.evidence.store import EventStore
+from engine.harness.verdicts import LEGACY_METHOD
 
 SEED_KEY = "seed"
 """The key of the problem's seed kernel among a landscape's settings (it has no parameters)."""
@@ -41,10 +42,13 @@ def setting_key(params: dict[str, Any] | None) -> str:
     return " ".join(f"{k}={params[k]}" for k in sorted(params))
 
 
-def recording_id(fingerprint: str, space_size: int, max_settings: int | None, sample_seed: int, take: int) -> str:
-    """The id of one recording: which problem definition, which settings of its space, which take."""
+def recording_id(
+    fingerprint: str, space_size: int, max_settings: int | None, sample_seed: int, method: int, take: int
+) -> str:
+    """The id of one recording: which problem definition, which settings of its space, which measurement
+    method (so a take the judge's older code left half-way is never resumed by newer code), which take."""
     scope = "all" if max_settings is None or max_settings >= space_size else f"sample{max_settings}s{sample_seed}"
-    return f"{fingerprint[:16]}-{scope}-t{take}"
+    return f"{fingerprint[:16]}-{scope}-m{method}-t{take}"
 
 
 class LandscapeSample(BaseModel):
@@ -118,6 +122,9 @@ class LandscapeRecorded(EventPayload):
     """Timing budget of each benchmark."""
     seconds: float
     """Wall-clock seconds the recording took (this take's measuring only, when resumed)."""
+    method: int = LEGACY_METHOD
+    """The judge's measurement method when it was recorded (engine/harness/verdicts.py); LEGACY_METHOD for a
+    recording closed before recordings said. A recording of another method than today's judge is stale."""
 
 
 def measured_event(payload: LandscapeMeasured) -> NewEvent:
@@ -243,11 +250,13 @@ class StoredRecordings:
     measured: list[LandscapeMeasured]
     recorded: list[LandscapeRecorded]
 
-    def latest(self, fingerprint: str | None = None, at_least: int = 0) -> Landscape | None:
-        """The newest complete recording (of ``fingerprint`` when given) that covers at least ``at_least``
-        settings (or the whole space), or None."""
+    def latest(self, fingerprint: str | None = None, at_least: int = 0, method: int | None = None) -> Landscape | None:
+        """The newest complete recording (of ``fingerprint`` and measurement ``method`` when given) that covers
+        at least ``at_least`` settings (or the whole space), or None."""
         for closing in reversed(self.recorded):
             if fingerprint is not None and closing.fingerprint != fingerprint:
+                continue
+            if method is not None and closing.method != method:
                 continue
             if closing.settings >= min(at_least, closing.space_size):
                 return landscape_from_events(self.measured, closing)

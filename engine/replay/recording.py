@@ -32,7 +32,7 @@ import numpy as np
 from engine.evidence.store import EventStore
 from engine.harness.backend import Backend, backend_for
 from engine.harness.benchmarking import Reference
-from engine.harness.verdicts import BenchmarkReport, Verdict
+from engine.harness.verdicts import BenchmarkReport, Verdict, measurement_method
 from engine.problems import Problem, load_problem
 from engine.proposers.random_template import template_candidate, template_space
 from engine.replay.landscape import (
@@ -108,10 +108,13 @@ async def record_landscape(
     stored = await stored_recordings(store, problem.name, backend.target)
     space = {setting_key(params): params for params in template_space(problem)}
     chosen = sample_of(list(space), plan.max_settings, plan.sample_seed)
-    existing = stored.latest(fingerprint, at_least=len(chosen))
+    method = measurement_method(backend.target)
+    existing = stored.latest(fingerprint, at_least=len(chosen), method=method)
     if existing is not None and not plan.force:
         return existing
-    recording = recording_id(fingerprint, len(space), plan.max_settings, plan.sample_seed, stored.takes(fingerprint))
+    recording = recording_id(
+        fingerprint, len(space), plan.max_settings, plan.sample_seed, method, stored.takes(fingerprint)
+    )
     done = stored.measured_in(recording)
     items = [_Item(SEED_KEY, {}, _seed_candidate(problem))] + [
         _Item(k, space[k], template_candidate(problem, space[k], None, proposer="landscape")) for k in chosen
@@ -144,9 +147,10 @@ async def record_landscape(
         repeats=plan.repeats,
         budget_s=plan.budget_s,
         seconds=time.perf_counter() - started,
+        method=method,
     )
     await store.append(f"landscape-{problem.name}-{backend.target}", [recorded_event(closing)])
-    landscape = (await stored_recordings(store, problem.name, backend.target)).latest(fingerprint)
+    landscape = (await stored_recordings(store, problem.name, backend.target)).latest(fingerprint, method=method)
     assert landscape is not None and landscape.recording == recording
     return landscape
 
