@@ -39,6 +39,10 @@ Measures, with the default budgets unless told otherwise, in a fresh cache folde
   BEST_KNOWN was found on an AVX-512 machine where streaming stores paid off; on another machine the fastest
   setting may differ in exactly those knobs, so its variants with VEC 256 and NT 0 (where allowed) are timed
   against it at a short budget first and the fastest is kept (each one tried is listed under ``sweep``).
+  ``--climb P`` then hill-climbs from it over one-knob changes (each neighbour timed against the setting of
+  the moment in the same rounds, taken when at least 2% faster at the low end of its interval; at most P
+  passes), so the figure is of the best setting a local search finds in the space on this machine, not only
+  of BEST_KNOWN's neighbourhood in two knobs (each comparison is listed under ``climb``).
 The machine is shared: its load average is printed too, and every figure moves with it.
 """
 
@@ -414,7 +418,13 @@ def machine_variants(known: dict[str, Any], space: list[dict[str, Any]]) -> list
 
 
 def roofline_fraction_best(
-    cache: Path, budget: float, sweep: int, repeats: int, seed: int, only: list[str] | None = None
+    cache: Path,
+    budget: float,
+    sweep: int,
+    repeats: int,
+    seed: int,
+    only: list[str] | None = None,
+    climb: int = 0,
 ) -> dict[str, Any]:
     """Per built-in CPU problem (those in ``only`` when given) and shape: the DRAM roofline fraction of the
     best-known template setting."""
@@ -432,6 +442,9 @@ def roofline_fraction_best(
             continue
         problem = load_problem(name)
         params, tried = best_setting(problem, cache, sweep, seed)
+        climbed: list[dict[str, Any]] = []
+        if climb > 0:
+            params, climbed = climb_setting(problem, params, cache, climb, seed)
         artifact_id = _template_artifact(problem, params, cache)
         assert artifact_id is not None, f"{name} {params} does not compile"
         references = _numpy()
@@ -490,8 +503,72 @@ def roofline_fraction_best(
             "speedup_vs_numpy": [r.speedup for r in runs],
             "shapes": shapes,
             "sweep": tried,
+            "climb": climbed,
         }
     return result
+
+
+CLIMB_MARGIN = 1.02
+"""How much faster, at the low end of its interval, a neighbour must be timed against the setting it would
+replace: a short benchmark's ratio swings by a few percent, and a move on noise would wander."""
+
+
+def neighbours(params: dict[str, Any], space: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The allowed settings that differ from ``params`` in exactly one knob, in the space's order."""
+    return [s for s in space if sum(value != params.get(knob) for knob, value in s.items()) == 1]
+
+
+def climb_setting(
+    problem: Problem, start: dict[str, Any], cache: Path, passes: int, seed: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Hill-climb from ``start`` over one-knob changes, for at most ``passes`` passes over its neighbours: each
+    neighbour is timed against the setting of the moment in the same rounds (a ratio, not two speedups from
+    runs minutes apart) at the sweep's short budget, and taken when the low end of its interval is at least
+    CLIMB_MARGIN faster. Stops early after a pass that moved nowhere. Returns the setting it ends on and every
+    comparison made."""
+    space = template_space(problem)
+    best = start
+    best_id = _template_artifact(problem, best, cache)
+    assert best_id is not None, f"{problem.name} {best} does not compile"
+    tried: list[dict[str, Any]] = []
+    seen = {json.dumps(best, sort_keys=True)}
+    for round_ in range(passes):
+        moved = False
+        for candidate in neighbours(best, space):
+            key = json.dumps(candidate, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            artifact_id = _template_artifact(problem, candidate, cache)
+            if artifact_id is None:
+                tried.append({"params": candidate, "versus": best, "verdict": "compile_error"})
+                continue
+            (report,) = benchmark_artifact(
+                problem,
+                artifact_id,
+                [Reference(kind="artifact", artifact_id=best_id, label="current")],
+                budget_s=SWEEP_BUDGET_S,
+                cache_dir=cache,
+                seed=seed + round_,
+            )
+            ok = report.verdict == Verdict.ok
+            taken = ok and report.ci_low >= CLIMB_MARGIN
+            tried.append(
+                {
+                    "params": candidate,
+                    "versus": best,
+                    "verdict": str(report.verdict),
+                    "ratio": report.speedup if ok else None,
+                    "ratio_ci": [report.ci_low, report.ci_high] if ok else None,
+                    "taken": taken,
+                }
+            )
+            print(f"  climb {problem.name} {candidate}: {report.message}", file=sys.stderr, flush=True)
+            if taken:
+                best, best_id, moved = candidate, artifact_id, True
+        if not moved:
+            break
+    return best, tried
 
 
 def main() -> int:
@@ -503,6 +580,13 @@ def main() -> int:
     parser.add_argument("--roofline-only", action="store_true", help="only the roofline_fraction_best figures")
     parser.add_argument(
         "--sweep", type=int, default=0, help="random template settings per problem tried against BEST_KNOWN"
+    )
+    parser.add_argument(
+        "--climb",
+        type=int,
+        default=0,
+        metavar="PASSES",
+        help="hill-climb over one-knob changes of the chosen setting, at most PASSES passes (0: none)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="benchmarks of each best setting (for the spread)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sweep's draws and of the benchmarks")
@@ -527,7 +611,7 @@ def main() -> int:
         }
         if args.roofline_only:
             figures["roofline_fraction_best"] = roofline_fraction_best(
-                cache, args.budget, args.sweep, args.repeats, args.seed, args.problems
+                cache, args.budget, args.sweep, args.repeats, args.seed, args.problems, args.climb
             )
             figures["load_average_after"] = os.getloadavg()
             _print(figures, args.json)
@@ -544,7 +628,7 @@ def main() -> int:
         figures |= aa_runs(cache, args.aa_runs, args.budget)
         figures["seed_speedup"] = seed_speedups(cache, args.budget)
         figures["roofline_fraction_best"] = roofline_fraction_best(
-            cache, args.budget, args.sweep, args.repeats, args.seed
+            cache, args.budget, args.sweep, args.repeats, args.seed, climb=args.climb
         )
         figures["load_average_after"] = os.getloadavg()
     _print(figures, args.json)
