@@ -7,9 +7,13 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from activities.temporal_client import query_timed_out
 from engine.search.console import static_details, summary
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
@@ -64,16 +68,36 @@ def search_attributes(spec: SearchSpec) -> TypedSearchAttributes:
 
 
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
-"""How long the `status` query may wait for a worker to answer. A worker answers within a second; a search whose
-queue no worker has ever polled leaves the query waiting until this deadline (Temporal's own is 30 s), and is
-said as "no worker answers" (activities/temporal_client.py no_worker)."""
+"""How long the `status` query may wait for a worker to answer at first. A worker answers within a second; a search
+whose queue no worker has ever polled leaves the query waiting until this deadline (Temporal's own is 30 s), and is
+said as "no worker answers" (activities/temporal_client.py no_worker) -- unless a worker polls the queue."""
+BUSY_WORKER_QUERY_TIMEOUT = timedelta(seconds=60)
+"""How long the query may wait again when the first deadline passed but a worker does poll the search's queue: it
+is there and busy (a closed search's query replays its whole history; on a loaded two-core machine, with other
+queries queued before it, that took over ten seconds), not gone."""
 
 
 async def search_status(client: Client, search_id: str) -> SearchStatus:
     """The `status` query of a search (running or closed within retention)."""
-    return await client.get_workflow_handle(search_id).query(
-        "status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT
+    handle = client.get_workflow_handle(search_id)
+    try:
+        return await handle.query("status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT)
+    except Exception as error:
+        if not query_timed_out(error) or not await queue_has_workers(client, (await handle.describe()).task_queue):
+            raise
+    return await handle.query("status", result_type=SearchStatus, rpc_timeout=BUSY_WORKER_QUERY_TIMEOUT)
+
+
+async def queue_has_workers(client: Client, task_queue: str) -> bool:
+    """True when Temporal has seen a worker poll ``task_queue`` for workflow tasks lately (its poller list)."""
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
     )
+    return len(response.pollers) > 0
 
 
 async def send_update(client: Client, search_id: str, name: str, arg: Any = None) -> SearchStatus:

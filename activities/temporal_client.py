@@ -58,12 +58,24 @@ def no_worker(error: BaseException) -> bool:
     """True when Temporal answered that no worker polls the task queue a query needs (``kf search show`` of a
     search whose workers are all gone), or a query ran out its deadline unanswered (a search whose queue no worker
     ever polled: Temporal holds the query until then): a service that is down, not news about the search."""
+    return no_poller(error) or query_timed_out(error)
+
+
+def no_poller(error: BaseException) -> bool:
+    """True when Temporal refused a query at once because no worker has polled its task queue lately."""
+    return any(
+        isinstance(e, RPCError) and e.status == RPCStatusCode.FAILED_PRECONDITION and "poller" in e.message
+        for e in _chain(error)
+    )
+
+
+def query_timed_out(error: BaseException) -> bool:
+    """True when a query ran out its deadline with no answer: no worker took it, or the one that did is busy."""
     return any(
         isinstance(e, RPCError)
-        and (
-            (e.status == RPCStatusCode.FAILED_PRECONDITION and "poller" in e.message)
-            or (e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED) and "Timeout" in e.message)
-        )
+        and e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED)
+        # The client's deadline says "Timeout expired"; the server's "query timed out before a worker could ...".
+        and ("Timeout" in e.message or "timed out" in e.message)
         for e in _chain(error)
     )
 

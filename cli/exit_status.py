@@ -70,13 +70,15 @@ def classify(error: BaseException) -> tuple[int, str] | None:
     if "temporalio" in sys.modules:
         from activities.temporal_client import no_worker, not_found, unreachable
 
-        if unreachable(error):
-            return MACHINE, f"Temporal stopped answering ({text}); check `kf status` and run again"
+        # A query's deadline can say DEADLINE_EXCEEDED, as an unreachable frontend does: its message tells them
+        # apart, so the query's own reading comes first.
         if no_worker(error):
             return MACHINE, (
                 f"no worker answers for this search ({text}); start one with `kf worker` "
                 "(`kf audit SEARCH_ID` shows what its event log holds without one)"
             )
+        if unreachable(error):
+            return MACHINE, f"Temporal stopped answering ({text}); check `kf status` and run again"
         if not_found(error):
             return BAD_INPUT, f"{text}; `kf search list` shows the search ids"
     if isinstance(error, UserError):

@@ -23,12 +23,16 @@ import tempfile
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from search_fixtures import running_worker
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from activities import search_client
+from activities.temporal_client import query_timed_out
 from cli import exit_status
 from engine.evidence.store import EventStore
 
@@ -132,6 +136,7 @@ async def test_every_client_command_exits_with_its_status_every_time(
     prefix: str,
     tmp_path: Path,
     unbuildable_problem: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     env = base_env(tmp_path / "kf") | {
         "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
@@ -150,6 +155,7 @@ async def test_every_client_command_exits_with_its_status_every_time(
             assert result["status"] == "budget_exhausted" and result["verdict_counts"] == {"compile_error": 1}
         search_id = json.loads(started[0].out)["search_id"]
         await read_back(env, search_id, started)
+        await busy_worker_is_waited_for(temporal_env.client, search_id, monkeypatch)
         # An id that names no search is the input's fault.
         unknown = await kf(["search", "show", "search-that-never-ran"], env)
         assert_status(unknown, exit_status.BAD_INPUT)
@@ -164,6 +170,19 @@ async def test_every_client_command_exits_with_its_status_every_time(
     waited = await kf(["search", "show", json.loads(unserved.out)["search_id"]], env)
     assert_status(waited, exit_status.MACHINE)
     assert waited.err.startswith("kf: error: no worker answers for this search") and waited.err.count("\n") == 1
+
+
+async def busy_worker_is_waited_for(client: Client, search_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query whose first deadline passes while a worker polls the search's queue waits again for that worker: on
+    a loaded machine a closed search's query (a replay of its history) can take longer than the first deadline,
+    and the search is then shown, not said to have no worker."""
+    instant = timedelta(milliseconds=1)
+    with pytest.raises(Exception) as missed:
+        await client.get_workflow_handle(search_id).query("status", rpc_timeout=instant)
+    assert query_timed_out(missed.value), repr(missed.value)  # no worker answers within a millisecond
+    monkeypatch.setattr(search_client, "STATUS_QUERY_TIMEOUT", instant)
+    status = await search_client.search_status(client, search_id)
+    assert status.search_id == search_id and status.verdict_counts == {"compile_error": 1}
 
 
 async def read_back(env: dict[str, str], search_id: str, started: list[Done]) -> None:
