@@ -36,7 +36,7 @@ from engine.evidence.events import NewEvent, StreamHead
 from engine.evidence.index import recorded_evidence, recorded_payload
 from engine.evidence.lessons import lessons_for
 from engine.evidence.store import EventStore
-from engine.hardware import cpu_target, hardware_fingerprint
+from engine.hardware import cpu_target, hardware_fingerprint, machine_key
 from engine.harness.backend import Backend, backend_for, problem_for_target
 from engine.harness.benchmarking import Reference
 from engine.harness.driver import ArtifactNotFound
@@ -156,6 +156,7 @@ class SearchActivities:
         self.artifacts = artifacts or ArtifactStore(store.pool)
         self.cache_dir = cache_dir
         self._hardware: dict[str, Any] | None = None
+        self._machines: dict[str, str] = {}
 
     # -- control queue -----------------------------------------------------------------------------------
 
@@ -259,6 +260,7 @@ class SearchActivities:
             search_id=request.search_id,
             problem=request.spec.problem,
             target=request.target,
+            machine=request.target_machine,
             generation=request.generation,
             count=request.count,
             seed=request.spec.seed or 0,
@@ -334,6 +336,7 @@ class SearchActivities:
             queue=f"{prefix}-{resolved}",
             worker=self.identity,
             hardware=self.hardware(),
+            machine=self.machine(self._target_backend(resolved)),
         )
 
     @activity.defn(name="kf.compile")
@@ -495,6 +498,7 @@ class SearchActivities:
             speedup_ci_high=None if untimed else numpy_report.ci_high,
             roofline_fraction=versus.roofline_fraction,
             method=versus.method,
+            machine=self.machine(backend),
             shared_cores=not versus.cpus_exclusive,
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,
@@ -581,6 +585,12 @@ class SearchActivities:
             self._hardware = hardware_fingerprint().model_dump(mode="json")
         return self._hardware
 
+    def machine(self, backend: Backend) -> str:
+        """This worker's machine key for ``backend``'s target (engine/hardware.py machine_key), computed once."""
+        if backend.target not in self._machines:
+            self._machines[backend.target] = machine_key(backend.fingerprint())
+        return self._machines[backend.target]
+
     def _problem(self, name: str, target: str | None = None) -> Problem:
         """The problem as ``target``'s backend sees it (its seed, template and entry point: C on a CPU, CUDA on
         a GPU); a problem without a kernel for the target is bad input, never retried."""
@@ -589,11 +599,16 @@ class SearchActivities:
         except UserError as error:
             raise non_retryable(error) from None
 
-    @staticmethod
-    def _backend(step: StepInput) -> Backend:
+    @classmethod
+    def _backend(cls, step: StepInput) -> Backend:
         """The backend of the step's target (steps recorded before targets were carried are CPU steps)."""
+        return cls._target_backend(step.target or "cpu")
+
+    @staticmethod
+    def _target_backend(target: str) -> Backend:
+        """The backend of ``target``; a target no backend serves is bad input, never retried."""
         try:
-            return backend_for(step.target or "cpu")
+            return backend_for(target)
         except UserError as error:
             raise non_retryable(error) from None
 

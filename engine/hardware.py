@@ -15,7 +15,9 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -250,3 +252,15 @@ def hardware_key(fingerprint: HardwareFingerprint) -> str:
         ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def machine_key(fingerprint: Mapping[str, Any]) -> str:
+    """The machine a reading was taken on, as the lessons tell machines apart: the host's hardware key and, for
+    a GPU target, the devices that serve it (a backend's ``fingerprint()``). Two machines of one kind share it;
+    a new CPU model, core count, kernel release or GPU makes another, whose readings settle nothing the old one
+    measured (engine/proposers/search.py settled_candidates)."""
+    host = hardware_key(HardwareFingerprint.model_validate(dict(fingerprint)))
+    devices = sorted(str(device) for device in fingerprint.get("devices") or [])
+    if not devices:
+        return host
+    return hashlib.sha256("|".join([host, *devices]).encode()).hexdigest()[:16]

@@ -408,6 +408,56 @@ async def test_a_newer_measurement_method_replaces_a_settings_readings_and_an_ol
     assert await view_rows(store) == before
 
 
+async def test_a_setting_keeps_the_readings_of_the_machine_that_last_measured_it(store: EventStore) -> None:
+    loaded = load_problem("softmax")
+    from engine.proposers.random_template import template_candidate, template_space
+
+    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
+    setting = template_candidate(loaded, template_space(loaded)[-1], None, proposer="t", parent_id=seed.candidate_id)
+    search = SyntheticSearch(store, "s1", "softmax")
+    events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
+    # A reading recorded before outcomes named their machine (or method).
+    events += [search.proposed(1, setting)]
+    events += search.outcome(1, setting, failure=None, speedup=4.0, parent_speedup=0.5)
+
+    def reading(n: int, speedup: float, machine: str | None) -> NewEvent:
+        output = StepOutput(
+            step="confirm",
+            verdict="ok",
+            event_id="",
+            speedup=speedup,
+            speedup_ci_low=speedup * 0.99,
+            speedup_ci_high=speedup * 1.01,
+            method=CPU_MEASUREMENT_METHOD,
+            machine=machine,
+        )
+        return search.event(
+            f"s1/g1/{setting.candidate_id[:24]}/remeasured-{n}",
+            "candidate.remeasured",
+            {"generation": 1, "candidate_id": setting.candidate_id, "output": output.model_dump(mode="json")},
+        )
+
+    await store.append(search.stream, events)
+    [found] = (await lessons_for(store, "softmax", TARGET)).settings
+    assert found.machine is None and found.n == 1
+    # Two readings on machine A; then one from a worker that does not say (older code) is not mixed in.
+    await store.append(search.stream, [reading(1, 3.0, "machine-a"), reading(2, 3.2, "machine-a")])
+    await store.append(search.stream, [reading(3, 9.0, None)])
+    [found] = (await lessons_for(store, "softmax", TARGET)).settings
+    assert found.machine == "machine-a" and found.n == 2
+    assert found.log_speedup_mean == pytest.approx((math.log(3.0) + math.log(3.2)) / 2)
+    # Machine B measures it: the row is B's now, and settles the setting only for a search on B.
+    await store.append(search.stream, [reading(4, 2.0, "machine-b")])
+    [found] = (await lessons_for(store, "softmax", TARGET)).settings
+    assert found.machine == "machine-b" and found.n == 1 and found.log_speedup_mean == pytest.approx(math.log(2.0))
+    # The changes' rows keep every reading, whatever its machine; a rebuild from position 0 folds the same.
+    before = await view_rows(store)
+    [everything] = [r for r in before["lesson_stats"] if r["problem"] == "softmax" and r["change"] == "*"]
+    assert len(everything["log_speedup_samples"]) == 6  # the seed's and the setting's five
+    await rebuild_lessons(store)
+    assert await view_rows(store) == before
+
+
 async def test_settings_of_another_problem_of_the_family_carry_its_name(store: EventStore) -> None:
     softmax = await record_random_search(store, "s1", "softmax", seed=9, generations=2, failure=lambda p: None)
     rmsnorm = await record_random_search(store, "s2", "rmsnorm", seed=9, generations=2, failure=lambda p: None)
@@ -439,6 +489,7 @@ async def test_migration_0004_refolds_the_older_events_into_lesson_settings(
     await store.pool.execute((MIGRATIONS_DIR / "0004_lesson_settings.sql").read_text())
     await store.pool.execute((MIGRATIONS_DIR / "0008_setting_reading_widths.sql").read_text())
     await store.pool.execute((MIGRATIONS_DIR / "0010_setting_measurement_method.sql").read_text())
+    await store.pool.execute((MIGRATIONS_DIR / "0011_setting_machine.sql").read_text())
     await store.pool.execute((MIGRATIONS_DIR / "0009_fold_remeasurements.sql").read_text())
     assert await checkpoint_of(store.pool, PROJECTION) == 0
     assert all(not rows for rows in (await view_rows(store)).values())

@@ -7,6 +7,7 @@ run in the harness's sandboxed child processes as in production.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import uuid
 from collections import Counter
@@ -18,6 +19,8 @@ from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, s
 from temporalio.client import Client, WorkflowFailureError
 
 from engine.evidence.store import EventStore
+from engine.hardware import machine_key
+from engine.harness.backend import backend_for
 from engine.harness.evaluation import validate_artifact
 from engine.harness.verdicts import CPU_MEASUREMENT_METHOD
 from engine.problems import load_problem
@@ -219,6 +222,17 @@ async def test_a_shaky_promotion_is_re_measured_and_promotes_only_if_it_holds(
     }
     fastest = max(first, key=lambda cid: first[cid]["ratio"])
     assert {o["method"] for o in first.values()} == {CPU_MEASUREMENT_METHOD}  # each outcome says how it was read
+    # ... and on which machine; the proposer was told the machine the target's worker runs on, the same one, so
+    # the evidence it reads settles settings only when it was taken there.
+    here = machine_key(backend_for("cpu").fingerprint())
+    assert {o["machine"] for o in first.values()} == {here}
+    proposals = [
+        json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        for e in (await handle.fetch_history()).events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "kf.propose"
+    ]
+    assert proposals and all(p["target_machine"] == here for p in proposals)
     again = [e for e in events if e.type == "candidate.remeasured" and e.payload["candidate_id"] == fastest]
     assert again and again[0].position < generation_position(events, 1)
     [settled] = [o for o in generation["outcomes"] if o["candidate_id"] == fastest]

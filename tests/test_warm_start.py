@@ -18,6 +18,9 @@ from engine.proposers.random_template import template_candidate, template_space
 from engine.proposers.search import settled_candidates
 from engine.search.history import best_incumbent_search, latest_incumbent_search, stream_of
 
+HERE = "machine-here"
+"""The machine key of the searches' target worker in these tests."""
+
 
 async def _search(store: EventStore, search_id: str, problem: str, target: str, speedups: list[float]) -> None:
     """A search's start and its promotions (each with the incumbent's recorded speedup over numpy)."""
@@ -63,6 +66,7 @@ def _setting(problem: str, candidate_id: str, speedup: float, n: int, var: float
         "log_speedup_mean": math.log(speedup),
         "log_speedup_var": var,
         "method": CPU_MEASUREMENT_METHOD,
+        "machine": HERE,
     }
 
 
@@ -81,15 +85,21 @@ def test_only_settings_clearly_slower_than_the_incumbent_are_settled() -> None:
         ]
     }
     now = CPU_MEASUREMENT_METHOD
-    assert settled_candidates(problem, lessons, {"speedup": 3.0}, now) == {"much-slower", "twice-slower"}
+    assert settled_candidates(problem, lessons, {"speedup": 3.0}, now, HERE) == {"much-slower", "twice-slower"}
     # Without the incumbent's speedup (or with nonsense) nothing is settled.
-    assert settled_candidates(problem, lessons, {}, now) == set()
-    assert settled_candidates(problem, lessons, {"speedup": float("nan")}, now) == set()
+    assert settled_candidates(problem, lessons, {}, now, HERE) == set()
+    assert settled_candidates(problem, lessons, {"speedup": float("nan")}, now, HERE) == set()
     # Readings taken by an older measurement method (or not saying which) settle nothing for today's judge.
     older = {"settings": [s | {"method": LEGACY_METHOD} for s in lessons["settings"]]}
-    assert settled_candidates(problem, older, {"speedup": 3.0}, now) == set()
+    assert settled_candidates(problem, older, {"speedup": 3.0}, now, HERE) == set()
     unsaid = {"settings": [{k: v for k, v in s.items() if k != "method"} for s in lessons["settings"]]}
-    assert settled_candidates(problem, unsaid, {"speedup": 3.0}, now) == set()
+    assert settled_candidates(problem, unsaid, {"speedup": 3.0}, now, HERE) == set()
+    # Readings taken on another machine, or on one not named, settle nothing here; a search that does not know
+    # its own machine settles nothing.
+    assert settled_candidates(problem, lessons, {"speedup": 3.0}, now, "machine-elsewhere") == set()
+    unnamed = {"settings": [s | {"machine": None} for s in lessons["settings"]]}
+    assert settled_candidates(problem, unnamed, {"speedup": 3.0}, now, HERE) == set()
+    assert settled_candidates(problem, lessons, {"speedup": 3.0}, now, None) == set()
 
 
 def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
@@ -107,6 +117,7 @@ def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
                 "log_speedup_mean": math.log(2.0),
                 "log_speedup_var": 0.0,
                 "method": CPU_MEASUREMENT_METHOD,
+                "machine": HERE,
             }
             for cid, params in zip(ids[8:], space[8:], strict=True)
         ]
@@ -115,6 +126,7 @@ def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
         search_id="warm",
         problem="kda",
         target="cpu-test",
+        machine=HERE,
         generation=1,
         count=4,
         seed=1,
@@ -127,6 +139,9 @@ def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
     # the settings are worth reading again.
     older = {"settings": [s | {"method": LEGACY_METHOD} for s in lessons["settings"]]}
     picks = SearchProposer().propose(problem, context.model_copy(update={"lessons": older}))
+    assert any(p.candidate_id in set(ids[8:]) for p in picks)
+    # The same evidence on new hardware settles nothing either: the search runs on another machine.
+    picks = SearchProposer().propose(problem, context.model_copy(update={"machine": "machine-new"}))
     assert any(p.candidate_id in set(ids[8:]) for p in picks)
     # The same evidence with a slower incumbent (the seed at 1.5x) settles nothing: the known 2x settings are
     # how that search catches up, so the model's best known ones come first.

@@ -157,6 +157,7 @@ class KernelSearch:
         if state.target_queue is None:
             info = await self._resolve_target(spec)
             state.target_queue = info.queue
+            state.target_machine = info.machine
             await self._record(f"{state.search_id}/target", "search.target_resolved", info.model_dump(mode="json"))
         self._upsert_progress()
         self._show_progress()
@@ -222,6 +223,7 @@ class KernelSearch:
                     search_id=state.search_id,
                     spec=spec,
                     target=self._target_name(),
+                    target_machine=state.target_machine,
                     generation=state.generation,
                     count=count,
                     incumbent=inc.candidate if inc else None,

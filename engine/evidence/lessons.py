@@ -167,6 +167,10 @@ class SettingEvidence(BaseModel):
     """The measurement method of those benchmarks (engine/harness/verdicts.py): all of one, the newest the
     setting was read with. A setting whose readings are of an older method than the judge's today settles
     nothing (engine/proposers/search.py settled_candidates)."""
+    machine: str | None = None
+    """The machine those benchmarks were taken on (engine/hardware.py machine_key): all of one, the last that
+    measured the setting; None when they were recorded before outcomes named it. They settle the setting only
+    for a search on that machine."""
 
 
 class Lessons(BaseModel):
@@ -254,7 +258,8 @@ async def lessons_for(
         target,
     )
     settings = await store.pool.fetch(
-        "SELECT problem, candidate_id, params, log_speedup_samples, log_halfwidth_samples, last_position, method "
+        "SELECT problem, candidate_id, params, log_speedup_samples, log_halfwidth_samples, last_position, method, "
+        "machine "
         "FROM lesson_settings "
         "WHERE family = $1 AND target = $2 ORDER BY problem, candidate_id",
         family,
@@ -467,6 +472,7 @@ def _setting_evidence(rows: Sequence[asyncpg.Record | dict[str, Any]]) -> list[S
                 log_speedup_var=statistics.variance(samples) if len(samples) > 1 else 0.0,
                 log_interval_halfwidth=_mean(widths) if widths else None,
                 method=int(row.get("method") or LEGACY_METHOD),
+                machine=row.get("machine"),
             )
         )
     return evidence

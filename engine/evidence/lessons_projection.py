@@ -27,7 +27,10 @@ parameter values and ln(speedup over numpy) of each of its benchmarks with verdi
 only show marginal effects; these let the search proposer fit a model with interactions (values that pay
 only together). Hand-written candidates (no parameters) have no setting row. A setting's readings are all
 of one measurement method (engine/harness/verdicts.py): a reading by a newer method than the row's replaces
-its samples, one by an older method is not folded into it (the changes' rows keep every reading).
+its samples, one by an older method is not folded into it (the changes' rows keep every reading). They are of
+one machine too (engine/hardware.py machine_key): the last one that measured the setting; a reading from another
+machine replaces the row's samples, one from an unknown machine (recorded before outcomes said) is not folded
+into a known machine's row.
 
 Samples are kept in the view, the most recent LESSON_SAMPLES per row, so medians are exact and a rebuild
 is identical. The same fold also keeps ``candidate_evidence``: the first compile and validation outcome of
@@ -179,6 +182,7 @@ class _Setting:
     last_position: int = 0
     log_halfwidth_samples: list[float] = field(default_factory=list)
     method: int = LEGACY_METHOD
+    machine: str | None = None
 
 
 @dataclass
@@ -379,6 +383,13 @@ class _Fold:
             if method > setting.method:
                 # A newer method supersedes the readings taken the old way (the log keeps them).
                 setting.log_speedup_samples, setting.log_halfwidth_samples, setting.method = [], [], method
+            machine = _machine_of(output)
+            if machine is None and setting.machine is not None:
+                return candidate  # a reading from an unknown machine cannot be compared with a known one's
+            if machine != setting.machine:
+                # Another machine's reading supersedes the row's (the log keeps them): the row says what the
+                # setting does on the machine that last measured it, and that is the only machine it settles for.
+                setting.log_speedup_samples, setting.log_halfwidth_samples, setting.machine = [], [], machine
             setting.log_speedup_samples = _bounded(setting.log_speedup_samples, math.log(speedup))
             setting.log_halfwidth_samples = _bounded(
                 setting.log_halfwidth_samples,
@@ -478,7 +489,8 @@ class _Fold:
         key = (search.family, search.problem, search.target, candidate_id)
         if key not in self.settings:
             row = await self.connection.fetchrow(
-                "SELECT params, log_speedup_samples, last_position, log_halfwidth_samples, method FROM lesson_settings "
+                "SELECT params, log_speedup_samples, last_position, log_halfwidth_samples, method, machine "
+                "FROM lesson_settings "
                 "WHERE family = $1 AND problem = $2 AND target = $3 AND candidate_id = $4",
                 *key,
             )
@@ -491,6 +503,7 @@ class _Fold:
                     row["last_position"],
                     list(row["log_halfwidth_samples"]),
                     row["method"],
+                    row["machine"],
                 )
             )
         setting = self.settings[key]
@@ -589,11 +602,12 @@ class _Fold:
             await self.connection.executemany(
                 """
                 INSERT INTO lesson_settings (family, problem, target, candidate_id, params, log_speedup_samples,
-                    last_position, log_halfwidth_samples, method)
-                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)
+                    last_position, log_halfwidth_samples, method, machine)
+                VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10)
                 ON CONFLICT (family, problem, target, candidate_id) DO UPDATE SET
                     log_speedup_samples = EXCLUDED.log_speedup_samples, last_position = EXCLUDED.last_position,
-                    log_halfwidth_samples = EXCLUDED.log_halfwidth_samples, method = EXCLUDED.method
+                    log_halfwidth_samples = EXCLUDED.log_halfwidth_samples, method = EXCLUDED.method,
+                    machine = EXCLUDED.machine
                 """,
                 [
                     (
@@ -603,6 +617,7 @@ class _Fold:
                         s.last_position,
                         s.log_halfwidth_samples,
                         s.method,
+                        s.machine,
                     )
                     for key in sorted(self.dirty_settings)
                     for s in [self.settings[key]]
@@ -686,6 +701,13 @@ def _method_of(output: dict[str, Any]) -> int:
     recorded before outcomes said, or one whose field is not a whole number."""
     method = output.get("method")
     return method if isinstance(method, int) and not isinstance(method, bool) and method > 0 else LEGACY_METHOD
+
+
+def _machine_of(output: dict[str, Any]) -> str | None:
+    """The machine key of a recorded reading (engine/hardware.py machine_key); None for an outcome recorded
+    before outcomes said, or one whose field is not a string."""
+    machine = output.get("machine")
+    return machine if isinstance(machine, str) and machine else None
 
 
 def _positive(value: Any) -> float | None:

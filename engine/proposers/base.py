@@ -20,6 +20,9 @@ class ProposalContext(BaseModel):
     """The problem name or folder."""
     target: str
     """The target's task queue suffix, e.g. `cpu-x86_64-avx512`."""
+    machine: str | None = None
+    """The machine key of the target's worker (engine/hardware.py machine_key): only evidence taken on it settles
+    a setting (engine/proposers/search.py settled_candidates); None: unknown, nothing is settled."""
     generation: int
     """The generation being proposed."""
     count: int

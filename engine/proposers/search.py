@@ -29,7 +29,9 @@ Each generation:
   where the upper bound alone scores above it on every problem.
 
 A setting whose evidence on the target already says it is slower than the incumbent (see
-settled_candidates) is treated as seen: a warm search spends its budget on what it has not measured.
+settled_candidates) is treated as seen: a warm search spends its budget on what it has not measured. Evidence
+settles a setting only when today's judge took it on the machine the search runs on (its machine key): on new
+hardware, or after the judge changed how it reads, the settings are worth reading again.
 
 Randomness (ties, draws) derives from (seed, generation), so the same context proposes the same
 candidates, and another seed another search; a candidate in ``context.seen`` is never proposed.
@@ -156,7 +158,11 @@ class SearchProposer:
             return []
         # Settled settings are as good as seen: measuring them again cannot promote them (issue 12 item 5).
         seen = set(context.seen) | settled_candidates(
-            problem, context.lessons, context.incumbent_evidence, measurement_method(context.target)
+            problem,
+            context.lessons,
+            context.incumbent_evidence,
+            measurement_method(context.target),
+            context.machine,
         )
         parent_id = context.incumbent.candidate_id if context.incumbent else None
         fresh = [
@@ -280,16 +286,18 @@ def settled_candidates(
     lessons: dict[str, Any] | None,
     incumbent_evidence: dict[str, Any] | None,
     method: int,
+    machine: str | None,
 ) -> set[str]:
     """The candidates of ``problem`` whose evidence on the target already says they are slower than the
     incumbent: the upper end of their mean ln(speedup) (two standard errors, each reading's spread at least
     SETTLED_READING_SD and what its intervals say, see _reading_var) is below the incumbent's. A warm search
     that starts from the best known kernel then spends its budget on what it has not measured instead of
     confirming what it knows; a setting measured once on a busy machine, or never clearly slower, stays
-    proposable. Only readings of measurement ``method`` (today's judge's, engine/harness/verdicts.py) settle:
-    a setting read only the old way is measured again."""
+    proposable. Only readings of measurement ``method`` (today's judge's, engine/harness/verdicts.py) taken on
+    ``machine`` (the search's target worker, engine/hardware.py machine_key) settle: a setting read only the old
+    way, or only on another machine, is measured again; with no ``machine`` known nothing is settled."""
     speedup = (incumbent_evidence or {}).get("speedup")
-    if not isinstance(speedup, int | float) or not math.isfinite(speedup) or speedup <= 0:
+    if not isinstance(speedup, int | float) or not math.isfinite(speedup) or speedup <= 0 or machine is None:
         return set()
     mark = math.log(speedup)
     settled: set[str] = set()
@@ -297,7 +305,7 @@ def settled_candidates(
         n = int(setting.get("n", 0))
         if setting.get("problem") != problem.name or n <= 0:
             continue
-        if int(setting.get("method") or LEGACY_METHOD) != method:
+        if int(setting.get("method") or LEGACY_METHOD) != method or setting.get("machine") != machine:
             continue
         # A wide or busy reading settles nothing (its width says how far off it may be).
         variance = max(

@@ -46,6 +46,10 @@ from engine.search.state import CandidateOutcome
 DEFAULT_PER_GENERATION = 4
 """Candidates per generation: a search's default (SearchSpec.candidates_per_generation)."""
 
+REPLAYED_MACHINE = "replayed"
+"""The machine key of a replayed search and of its replayed readings: one machine, the one that recorded the
+landscape, so a warm replay's evidence settles settings as a warm search's on that machine would."""
+
 
 @dataclass(frozen=True)
 class RecordedSpace(Problem):
@@ -211,8 +215,9 @@ class ReplayLessons:
                     "params": dict(candidate.params),
                     "log_speedup_samples": [],
                     "log_halfwidth_samples": [],
-                    # A landscape is recorded by today's judge.
+                    # A landscape is recorded by today's judge, and replayed as on the machine that recorded it.
                     "method": measurement_method(self.target),
+                    "machine": REPLAYED_MACHINE,
                 },
             )
             setting["log_speedup_samples"] = [*setting["log_speedup_samples"], log_speedup][-LESSON_SAMPLES:]
@@ -354,6 +359,7 @@ def replay_search(
             search_id=f"replay-{landscape.problem}-{seed}",
             problem=problem.name,
             target=landscape.target,
+            machine=REPLAYED_MACHINE,
             generation=generation,
             count=min(per_generation, evaluations - len(evaluated)),
             seed=seed,

@@ -90,6 +90,9 @@ class SearchState(BaseModel):
     """What the user asked for (budget and hints change through updates)."""
     target_queue: str | None = None
     """The hardware task queue the target resolved to, once a worker answered."""
+    target_machine: str | None = None
+    """The machine key of the worker that answered for the target (engine/hardware.py machine_key); None until
+    one answered, or when it predates the key."""
     generation: int = 0
     """The next generation to run; 0 evaluates the seed kernel."""
     incumbent: Incumbent | None = None

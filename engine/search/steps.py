@@ -65,6 +65,9 @@ class TargetInfo(BaseModel):
     """Identity of the worker that answered."""
     hardware: dict[str, Any]
     """Its hardware fingerprint."""
+    machine: str | None = None
+    """The machine key of its hardware for the target (engine/hardware.py machine_key); None from a worker that
+    predates it. Only readings taken on this machine settle a setting for the search."""
 
 
 class ProposeInput(BaseModel):
@@ -88,6 +91,9 @@ class ProposeInput(BaseModel):
     """The incumbent's figures (speedup over numpy, interval, generation) for LLM prompts."""
     llm_spent_usd: float = 0.0
     """What the search has spent on LLM calls so far."""
+    target_machine: str | None = None
+    """The machine key of the worker that answered for the target (TargetInfo.machine): evidence taken on it
+    can settle a setting; None in requests recorded before the field existed."""
 
 
 class ProposeOutput(BaseModel):
@@ -164,6 +170,9 @@ class StepOutput(BaseModel):
     method: int | None = None
     """Benchmark: how the judge took the reading (engine/harness/verdicts.py CPU_MEASUREMENT_METHOD); None in
     outcomes recorded before the field existed, which were LEGACY_METHOD readings."""
+    machine: str | None = None
+    """Benchmark: the machine key of the worker that took the reading (engine/hardware.py machine_key); None in
+    outcomes recorded before the field existed, whose machine is unknown."""
     roofline_fraction: float | None = None
     """Benchmark: how close the candidate came to the machine's roofline (weighted geometric mean over shapes
     of bound / time; 1.0 is at the bound), None where no bound was computed."""
