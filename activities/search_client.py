@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -69,12 +69,17 @@ def search_attributes(spec: SearchSpec) -> TypedSearchAttributes:
 
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 """How long the `status` query may wait for a worker to answer at first. A worker answers within a second; a search
-whose queue no worker has ever polled leaves the query waiting until this deadline (Temporal's own is 30 s), and is
-said as "no worker answers" (activities/temporal_client.py no_worker) -- unless a worker polls the queue."""
+whose queue no worker has ever polled, or whose workers are gone, leaves the query waiting until this deadline
+(Temporal's own is 30 s), and is said as "no worker answers" (activities/temporal_client.py no_worker) -- unless a
+worker polled the queue while it waited."""
+POLLED_LATELY = timedelta(seconds=10)
+"""A worker whose last poll of the search's queue is at most this old when the first deadline passes polled while
+the query waited (the first deadline is as long): it is alive. A worker that is gone stopped polling before the
+query was sent. Compared on Temporal's clock against this machine's: a skew of seconds only moves the line."""
 BUSY_WORKER_QUERY_TIMEOUT = timedelta(seconds=60)
-"""How long the query may wait again when the first deadline passed but a worker does poll the search's queue: it
-is there and busy (a closed search's query replays its whole history; on a loaded two-core machine, with other
-queries queued before it, that took over ten seconds), not gone."""
+"""How long the query may wait again when the first deadline passed but a worker polled the search's queue while
+it waited: that worker is there and busy (a closed search's query replays its whole history; on a loaded two-core
+machine, with other queries queued before it, that took over ten seconds), not gone."""
 
 
 async def search_status(client: Client, search_id: str) -> SearchStatus:
@@ -83,13 +88,18 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
     try:
         return await handle.query("status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT)
     except Exception as error:
-        if not query_timed_out(error) or not await queue_has_workers(client, (await handle.describe()).task_queue):
+        if not query_timed_out(error):
+            raise
+        polled = await last_poll(client, (await handle.describe()).task_queue)
+        # A worker that is gone stopped polling before the query was sent; one that is busy keeps polling.
+        if polled is None or datetime.now(UTC) - polled > POLLED_LATELY:
             raise
     return await handle.query("status", result_type=SearchStatus, rpc_timeout=BUSY_WORKER_QUERY_TIMEOUT)
 
 
-async def queue_has_workers(client: Client, task_queue: str) -> bool:
-    """True when Temporal has seen a worker poll ``task_queue`` for workflow tasks lately (its poller list)."""
+async def last_poll(client: Client, task_queue: str) -> datetime | None:
+    """When a worker last polled ``task_queue`` for workflow tasks, by Temporal's poller list (its clock); None
+    when it lists none."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
@@ -97,7 +107,7 @@ async def queue_has_workers(client: Client, task_queue: str) -> bool:
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
         )
     )
-    return len(response.pollers) > 0
+    return max((p.last_access_time.ToDatetime(tzinfo=UTC) for p in response.pollers), default=None)
 
 
 async def send_update(client: Client, search_id: str, name: str, arg: Any = None) -> SearchStatus:
