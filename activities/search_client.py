@@ -12,6 +12,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 from activities.temporal_client import query_timed_out
 from engine.search.console import static_details, summary
@@ -88,13 +89,20 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
     try:
         return await handle.query("status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT)
     except Exception as error:
-        if not query_timed_out(error):
-            raise
-        polled = await last_poll(client, (await handle.describe()).task_queue)
-        # A worker that is gone stopped polling before the query was sent; one that is busy keeps polling.
-        if polled is None or datetime.now(UTC) - polled > POLLED_LATELY:
+        if not query_timed_out(error) or not await worker_polled_lately(client, handle):
             raise
     return await handle.query("status", result_type=SearchStatus, rpc_timeout=BUSY_WORKER_QUERY_TIMEOUT)
+
+
+async def worker_polled_lately(client: Client, handle: WorkflowHandle[Any, Any]) -> bool:
+    """True when a worker polled the search's queue within POLLED_LATELY: a worker that is gone stopped polling
+    before the query was sent, one that is busy keeps polling. False when Temporal cannot say (the connection a
+    timed-out query leaves behind can refuse the next call once: "h2 protocol error")."""
+    try:
+        polled = await last_poll(client, (await handle.describe()).task_queue)
+    except RPCError:
+        return False
+    return polled is not None and datetime.now(UTC) - polled <= POLLED_LATELY
 
 
 async def last_poll(client: Client, task_queue: str) -> datetime | None:

@@ -13,6 +13,8 @@ from engine.errors import ConfigurationError, ServiceUnavailable
 from engine.outages import is_outage, raised_from
 
 _UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+_CONNECTION_FAILURES = ("transport error", "h2 protocol error")
+"""What the client's message says when the connection failed rather than the server answered."""
 
 
 async def connect(address: str | None = None, namespace: str | None = None, runtime: Runtime | None = None) -> Client:
@@ -43,7 +45,11 @@ def unreachable(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, RPCError) and (current.status in _UNREACHABLE or "transport error" in current.message):
+        # "h2 protocol error": the HTTP/2 connection under the client broke (seen once on the call after a query
+        # that ran out its deadline): the connection's failure, not an answer.
+        if isinstance(current, RPCError) and (
+            current.status in _UNREACHABLE or any(mark in current.message for mark in _CONNECTION_FAILURES)
+        ):
             return True
         # Client.connect has no status code: "Failed client connect: Server connection error: tonic::transport…".
         if isinstance(current, RuntimeError) and str(current).startswith("Failed client connect"):

@@ -33,7 +33,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.search import SearchActivities
-from activities.temporal_client import unreachable
+from activities.temporal_client import no_poller, query_timed_out, unreachable
+from cli import exit_status
+from cli.exit_status import classify
 from cli.search import format_result
 from engine.errors import ConfigurationError, InfrastructureError
 from engine.evidence.index import recorded_evidence
@@ -91,12 +93,29 @@ def test_outage_classification(error: Exception, outage: bool) -> None:
 def test_an_unreachable_temporal_is_told_from_an_answer() -> None:
     assert unreachable(RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b""))
     assert unreachable(RPCError("transport error", RPCStatusCode.UNKNOWN, b""))
+    # The broken HTTP/2 connection `kf search show` met once on CI's machine (it exited 1 with a traceback).
+    assert unreachable(RPCError("h2 protocol error: http2 error", RPCStatusCode.CANCELLED, b""))
     assert not unreachable(RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b""))
     connect_failed = RuntimeError("Failed client connect: Server connection error: tonic::transport::Error(...)")
     try:
         raise ConfigurationError("cannot reach Temporal") from connect_failed
     except ConfigurationError as wrapped:
         assert unreachable(wrapped)
+
+
+def test_a_query_no_worker_answered_is_said_as_no_worker_whichever_side_timed_it_out() -> None:
+    client_deadline = RPCError("Timeout expired", RPCStatusCode.CANCELLED, b"")
+    server_deadline = RPCError("query timed out before a worker could process it", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+    gone = RPCError(
+        "no poller seen for task queue recently, worker may be down", RPCStatusCode.FAILED_PRECONDITION, b""
+    )
+    assert query_timed_out(client_deadline) and query_timed_out(server_deadline) and not query_timed_out(gone)
+    assert no_poller(gone) and not no_poller(server_deadline)
+    # The server's deadline carries DEADLINE_EXCEEDED, as an unreachable frontend does: it still reads as a
+    # worker that did not answer, exit 3 with the fix (`kf worker`), not as Temporal being down.
+    for error in (client_deadline, server_deadline, gone):
+        status, line = classify(error) or (None, "")
+        assert status == exit_status.MACHINE and line.startswith("no worker answers for this search"), line
 
 
 def test_only_kernel_caused_outcomes_are_verdicts() -> None:
