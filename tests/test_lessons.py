@@ -358,9 +358,9 @@ async def test_a_re_measurement_is_another_reading_of_the_setting_and_never_a_ve
     assert not [f for f in lessons.failures if "crashed" in f.model_dump_json()]
 
 
-async def test_a_newer_measurement_method_replaces_a_settings_readings_and_an_older_one_is_not_mixed_in(
-    store: EventStore,
-) -> None:
+def _measured_setting(store: EventStore) -> tuple[SyntheticSearch, Candidate, list[NewEvent]]:
+    """A softmax search that benchmarked its seed and one template setting once, by an outcome recorded before
+    outcomes named their measurement method or machine: the search, the setting, and its events to append."""
     loaded = load_problem("softmax")
     from engine.proposers.random_template import template_candidate, template_space
 
@@ -368,34 +368,48 @@ async def test_a_newer_measurement_method_replaces_a_settings_readings_and_an_ol
     setting = template_candidate(loaded, template_space(loaded)[-1], None, proposer="t", parent_id=seed.candidate_id)
     search = SyntheticSearch(store, "s1", "softmax")
     events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
-    # Two readings recorded before outcomes named their method: LEGACY_METHOD.
     events += [search.proposed(1, setting)]
     events += search.outcome(1, setting, failure=None, speedup=4.0, parent_speedup=0.5)
+    return search, setting, events
 
-    def reading(n: int, speedup: float, method: int | None) -> NewEvent:
-        output = StepOutput(
-            step="confirm",
-            verdict="ok",
-            event_id="",
-            speedup=speedup,
-            speedup_ci_low=speedup * 0.99,
-            speedup_ci_high=speedup * 1.01,
-            method=method,
-        )
-        return search.event(
-            f"s1/g1/{setting.candidate_id[:24]}/remeasured-{n}",
-            "candidate.remeasured",
-            {"generation": 1, "candidate_id": setting.candidate_id, "output": output.model_dump(mode="json")},
-        )
 
-    events.append(reading(1, 3.8, None))
+def _reading(search: SyntheticSearch, setting: Candidate, n: int, speedup: float, **output: Any) -> NewEvent:
+    """The ``n``-th re-measurement of ``setting`` at ``speedup`` (±1%), with the output's other fields given."""
+    timed = StepOutput(
+        step="confirm",
+        verdict="ok",
+        event_id="",
+        speedup=speedup,
+        speedup_ci_low=speedup * 0.99,
+        speedup_ci_high=speedup * 1.01,
+        **output,
+    )
+    return search.event(
+        f"s1/g1/{setting.candidate_id[:24]}/remeasured-{n}",
+        "candidate.remeasured",
+        {"generation": 1, "candidate_id": setting.candidate_id, "output": timed.model_dump(mode="json")},
+    )
+
+
+async def test_a_newer_measurement_method_replaces_a_settings_readings_and_an_older_one_is_not_mixed_in(
+    store: EventStore,
+) -> None:
+    search, setting, events = _measured_setting(store)
+    # Two readings recorded before outcomes named their method: LEGACY_METHOD.
+    events.append(_reading(search, setting, 1, 3.8, method=None))
     await store.append(search.stream, events)
     [found] = (await lessons_for(store, "softmax", TARGET)).settings
     assert found.method == LEGACY_METHOD and found.n == 2
 
     # Today's judge reads it at 3.0: the old readings no longer count, and a later legacy reading (a worker
     # still on the old code) is not mixed in with the new ones.
-    await store.append(search.stream, [reading(2, 3.0, CPU_MEASUREMENT_METHOD), reading(3, 4.2, LEGACY_METHOD)])
+    await store.append(
+        search.stream,
+        [
+            _reading(search, setting, 2, 3.0, method=CPU_MEASUREMENT_METHOD),
+            _reading(search, setting, 3, 4.2, method=LEGACY_METHOD),
+        ],
+    )
     [found] = (await lessons_for(store, "softmax", TARGET)).settings
     assert found.method == CPU_MEASUREMENT_METHOD and found.n == 1
     assert found.log_speedup_mean == pytest.approx(math.log(3.0))
@@ -409,33 +423,10 @@ async def test_a_newer_measurement_method_replaces_a_settings_readings_and_an_ol
 
 
 async def test_a_setting_keeps_the_readings_of_the_machine_that_last_measured_it(store: EventStore) -> None:
-    loaded = load_problem("softmax")
-    from engine.proposers.random_template import template_candidate, template_space
-
-    seed = Candidate.create(loaded.seed_source(), None, label="seed", proposer="seed", tags=["seed"])
-    setting = template_candidate(loaded, template_space(loaded)[-1], None, proposer="t", parent_id=seed.candidate_id)
-    search = SyntheticSearch(store, "s1", "softmax")
-    events = [*search.start(seed), *search.outcome(0, seed, failure=None, speedup=0.5, parent_speedup=None)]
-    # A reading recorded before outcomes named their machine (or method).
-    events += [search.proposed(1, setting)]
-    events += search.outcome(1, setting, failure=None, speedup=4.0, parent_speedup=0.5)
+    search, setting, events = _measured_setting(store)
 
     def reading(n: int, speedup: float, machine: str | None) -> NewEvent:
-        output = StepOutput(
-            step="confirm",
-            verdict="ok",
-            event_id="",
-            speedup=speedup,
-            speedup_ci_low=speedup * 0.99,
-            speedup_ci_high=speedup * 1.01,
-            method=CPU_MEASUREMENT_METHOD,
-            machine=machine,
-        )
-        return search.event(
-            f"s1/g1/{setting.candidate_id[:24]}/remeasured-{n}",
-            "candidate.remeasured",
-            {"generation": 1, "candidate_id": setting.candidate_id, "output": output.model_dump(mode="json")},
-        )
+        return _reading(search, setting, n, speedup, method=CPU_MEASUREMENT_METHOD, machine=machine)
 
     await store.append(search.stream, events)
     [found] = (await lessons_for(store, "softmax", TARGET)).settings
