@@ -494,14 +494,14 @@ def test_a_write_past_the_end_changes_the_guard(folders: dict[str, Path], cache:
 
 def test_a_fault_is_a_crash_and_a_hang_a_timeout_and_the_judge_goes_on(folders: dict[str, Path], cache: Path) -> None:
     crashed = validate(folders["scale"], "fault", cache)
-    assert crashed.verdict == Verdict.crash
+    assert crashed.verdict == Verdict.crash, crashed.message
     assert "CUDA_ERROR_ILLEGAL_ADDRESS" in crashed.message and crashed.cases[0].check == "cuda_fault"
     hung = validate(folders["scale"], "hang", cache, call_timeout_s=2.0)
-    assert hung.verdict == Verdict.timeout and "longer than 2s" in hung.message
+    assert hung.verdict == Verdict.timeout and "longer than 2s" in hung.message, hung.message
     refused = validate(folders["scale"], "refused", cache)
-    assert refused.verdict == Verdict.resource_limit
+    assert refused.verdict == Verdict.resource_limit, refused.message
     again = validate(folders["scale"], "correct", cache)
-    assert again.verdict == Verdict.ok
+    assert again.verdict == Verdict.ok, again.message
 
 
 def test_a_to_a_benchmark_pairs_rounds_and_reports_the_roofline(folders: dict[str, Path], cache: Path) -> None:

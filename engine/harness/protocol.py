@@ -12,10 +12,13 @@ rely on live here too.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import select
 import struct
+import termios
 import time
 from typing import Annotated, Literal, TypeVar
 
@@ -322,4 +325,9 @@ def read_message(
 
 def pending(fd: int) -> bool:
     """True when bytes wait on ``fd`` (a reply nobody asked for)."""
-    return bool(select.select([fd], [], [], 0)[0])
+    # Not select(): a pipe whose writer has closed is "readable" too, and a child that ends right after its
+    # last reply (the CUDA child after a fault) would then look like one that wrote a second reply. FIONREAD
+    # counts the bytes actually waiting, which is 0 at end of file.
+    waiting = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, waiting, True)
+    return waiting[0] > 0
