@@ -138,17 +138,14 @@ def test_a_child_that_ends_after_its_last_reply_sent_no_second_one() -> None:
     """The CUDA child writes its fault and exits: the end of the pipe is no reply (a race once made a kernel's
     fault a harness error when the child had closed the pipe before the parent looked)."""
     read, write = os.pipe()
+    p.write_message(write, p.Done(nonce=7, child_ns=1))
+    os.close(write)
     try:
-        p.write_message(write, p.Done(nonce=7, child_ns=1))
-        os.close(write)
-        write = -1
         reply, _ = p.read_reply(read, None)
         assert isinstance(reply, p.Done)
         assert not p.pending(read)
     finally:
         os.close(read)
-        if write >= 0:
-            os.close(write)
 
 
 @pytest.mark.parametrize(
