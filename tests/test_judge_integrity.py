@@ -19,7 +19,9 @@ import pytest
 from engine.harness import protocol as p
 from engine.harness.benchmarking import Reference, benchmark_artifact
 from engine.harness.cpu import DEFAULT_FLAGS, artifact_path, compile_source
-from engine.harness.validation import validate_artifact
+from engine.harness.driver import Contender, Failed
+from engine.harness.sandbox import CpuLease
+from engine.harness.validation import TrialRunner, plan_trials, validate_artifact, validation_limits
 from engine.harness.verdicts import Verdict
 from engine.problems import load_problem
 
@@ -188,3 +190,33 @@ def test_a_library_swapped_in_the_cache_is_screened_before_it_is_loaded(cache: P
     report = validate_artifact(problem, artifact, seeds=SEEDS, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S)
     assert report.verdict == Verdict.forbidden, report.model_dump_json(indent=1)
     assert report.cases[0].check == "screen"
+
+
+@x86_64
+def test_a_worker_that_dies_after_its_last_reply_is_no_verdict_of_ok(cache: Path) -> None:
+    """The judge's close asks the worker to finish; a worker that died in the meantime (here: a thread the
+    candidate left behind ended the process after the trials) fails that, and the failure is the kernel's."""
+    problem = load_problem("softmax")
+    artifact = compiled(hostile_source("exits_between_calls.c"), cache)
+    lease = CpuLease(2)
+    contender = Contender(
+        problem,
+        label="candidate",
+        kind="artifact",
+        artifact_id=artifact,
+        threads=2,
+        cpus=lease.cpus,
+        limits=validation_limits(problem, 4, CALL_TIMEOUT_S),
+        cache_dir=cache,
+    )
+    try:
+        groups = plan_trials(problem, "validation", 1, 0)[:1]
+        assert TrialRunner(problem, contender, CALL_TIMEOUT_S).run(groups) is None  # its answers are right
+        time.sleep(1.0)  # the left-behind thread ends the process 0.2 s after the first call
+        with pytest.raises(Failed) as failed:
+            contender.close()
+        assert failed.value.verdict == Verdict.crash, failed.value
+        assert "finishing" in failed.value.message, failed.value
+    finally:
+        contender.discard()
+        lease.release()

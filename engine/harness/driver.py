@@ -485,12 +485,18 @@ class Contender:
         return Failed(Verdict.crash, "exit", f"the process exited (status {code}) during {what}")
 
     def close(self) -> SandboxOutcome:
-        """Tell the worker to finish (it leaves with os._exit) and collect how it ended."""
+        """Tell the worker to finish (it leaves with os._exit) and collect how it ended.
+
+        Raises :class:`Failed` when the worker does not end as told: it died, hung or answered something else
+        after its last reply. Between replies only the candidate's code can act (a thread it left behind, memory
+        it corrupted), so the contender's verdict must not stand on such a process (the failure carries its
+        label; a reference's failure is the machine's, as everywhere)."""
         if self.exited is None:
-            try:
-                self.request(p.Finish(), timeout=10, what="finishing")
-            except Failed:
-                pass
+            reply, _ = self.request(p.Finish(), timeout=10, what="finishing")
+            if not isinstance(reply, p.Bye):
+                failed = self._protocol(f"Finish was answered with {reply.kind}")
+                failed.who = self.label
+                raise failed
             self._finish()
         assert self.exited is not None
         return self.exited

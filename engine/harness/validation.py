@@ -491,11 +491,16 @@ def validate_artifact(
         )
         runner = TrialRunner(problem, contender, call_timeout_s)
         failure = runner.run(groups)
-        outcome = contender.close()
+        try:
+            contender.close()
+        except Failed:
+            if failure is None:
+                raise  # it did not end as told after its last trial: that, not "ok", is the verdict
+        exited = contender.exited
         common = {
             "trials": runner.checker.checked,
-            "output_tail": outcome.output_tail[-2000:],
-            "isolation": str(outcome.isolation),
+            "output_tail": exited.output_tail[-2000:] if exited is not None else "",
+            "isolation": str(contender.sandbox.isolation),
         }
         if failure is not None:
             return ValidationReport(

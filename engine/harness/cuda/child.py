@@ -317,12 +317,12 @@ class CudaChild:
         )
 
     def close(self) -> SandboxOutcome:
-        """Tell the child to finish and collect how it ended."""
+        """Tell the child to finish and collect how it ended; raises :class:`Failed` when it does not end as told
+        (it died, hung or answered something else): results taken from such a process are not a verdict."""
         if self.exited is None:
-            try:
-                self.request(p.Finish(), timeout=30, what="finishing")
-            except Failed:
-                pass
+            reply, _ = self.request(p.Finish(), timeout=30, what="finishing")
+            if not isinstance(reply, p.Bye):
+                raise self._harness(f"the CUDA child answered Finish with {reply.kind}")
             self._finish()
         assert self.exited is not None
         return self.exited

@@ -156,10 +156,14 @@ def validate_cuda(
             )
             runner = TrialRunner(problem, ModuleTrials(child, 0, launches), call_timeout_s, GPU_GUARD_BYTES)
             failure = runner.run(groups)
-            outcome = child.close()
+            try:
+                child.close()
+            except Failed:
+                if failure is None:
+                    raise  # it did not end as told after its last trial: that, not "ok", is the verdict
         common: dict[str, Any] = {
             "trials": runner.checker.checked,
-            "output_tail": outcome.output_tail[-2000:],
+            "output_tail": child.exited.output_tail[-2000:] if child.exited is not None else "",
             "isolation": child.isolation,
             "seconds": time.perf_counter() - started,
         }
