@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lessons_fixtures import TARGET, SyntheticSearch, record_random_search
 
+from engine.evidence import lessons as lessons_module
 from engine.evidence.events import NewEvent
 from engine.evidence.index import recorded_evidence
 from engine.evidence.lessons import FAMILY_MAX_WEIGHT, SUMMARY_LINES, lessons_for
@@ -526,3 +528,26 @@ async def test_lessons_are_keyed_by_the_problem_name_never_its_folder(
     assert await asyncio.to_thread(kf, "--problem", str(folder), "--json") == 0
     [own] = json.loads(capsys.readouterr().out)["lessons"]
     assert own["problem"] == "softmax" and own["candidates"] == by_name.candidates
+
+
+async def test_only_the_most_recently_measured_settings_of_each_problem_are_read(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await record_random_search(store, "s1", "softmax", seed=1, generations=3)
+    await record_random_search(store, "s2", "rmsnorm", seed=2, generations=3)
+    await record_random_search(store, "s3", "softmax", seed=3, generations=2)
+    await catch_up_lessons(store)
+    rows = [r for r in await store.pool.fetch("SELECT * FROM lesson_settings") if r["log_speedup_samples"]]
+    counts = Counter(r["problem"] for r in rows)
+    cap = min(counts.values()) - 1
+    assert set(counts) == {"softmax", "rmsnorm"} and cap >= 2, counts
+    monkeypatch.setattr(lessons_module, "MAX_SETTINGS", cap)
+
+    lessons = await lessons_for(store, "softmax", TARGET)
+
+    for problem in counts:
+        newest = sorted(
+            (r for r in rows if r["problem"] == problem), key=lambda r: (-r["last_position"], r["candidate_id"])
+        )[:cap]
+        read = [s.candidate_id for s in lessons.settings if s.problem == problem]
+        assert read == sorted(r["candidate_id"] for r in newest), problem
