@@ -13,7 +13,8 @@ candidate writing into the worker's descriptors is caught, not believed.
 
 After every reply the parent looks at the worker from outside (/proc through psutil): threads the candidate
 left behind (running ones, or more than its thread budget), children, a changed CPU affinity. The child
-cannot hide from that view.
+cannot hide from that view. At the end it must answer Finish with Bye: a worker that died or hung after its
+last reply (a thread the candidate left asleep, memory it corrupted) fails the contender (:meth:`close`).
 """
 
 from __future__ import annotations
