@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine.harness import protocol as p
@@ -217,6 +218,39 @@ def test_a_worker_that_dies_after_its_last_reply_is_no_verdict_of_ok(cache: Path
             contender.close()
         assert failed.value.verdict == Verdict.crash, failed.value
         assert "finishing" in failed.value.message, failed.value
+    finally:
+        contender.discard()
+        lease.release()
+
+
+@x86_64
+def test_a_worker_gone_right_after_its_bye_finished_as_told(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker leaves with os._exit right after Bye, so the parent may find it gone when it looks: that is
+    the end it was told to make, not a death to judge."""
+    problem = load_problem("softmax")
+    plain = compiled((HOSTILE / "raw.h").read_text().replace("static void softmax_rows", "void softmax"), cache)
+    lease = CpuLease(1)
+    contender = Contender(
+        problem,
+        label="candidate",
+        kind="artifact",
+        artifact_id=plain,
+        threads=1,
+        cpus=lease.cpus,
+        limits=validation_limits(problem, 4, CALL_TIMEOUT_S),
+        cache_dir=cache,
+    )
+    try:
+        groups = plan_trials(problem, "validation", 1, 0)[:1]
+        assert TrialRunner(problem, contender, CALL_TIMEOUT_S).run(groups) is None
+
+        def gone(pid: int) -> psutil.Process:
+            raise psutil.NoSuchProcess(pid)
+
+        # As if the worker had exited before the parent looked at it after Bye.
+        monkeypatch.setattr("engine.harness.driver.psutil.Process", gone)
+        outcome = contender.close()
+        assert outcome.exit_code == 0, outcome
     finally:
         contender.discard()
         lease.release()

@@ -318,7 +318,8 @@ class Contender:
         """Checks after every reply: nothing unasked-for on the pipe, and the worker left nothing running."""
         if p.pending(self.replies):
             raise self._protocol(f"a second reply followed {reply.kind}: something else writes to the harness's pipe")
-        if self.worker_pid is None:
+        if self.worker_pid is None or isinstance(reply, p.Bye):
+            # After Bye the worker leaves at once (os._exit): it may be gone already, and nothing of it runs on.
             return
         try:
             process = psutil.Process(self.worker_pid)
