@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from engine.proposers.surrogate import (
+    RELEVANCE_MIN_OBSERVATIONS,
     Features,
     Mixture,
     Observation,
@@ -106,3 +107,31 @@ def test_the_scales_follow_the_measurements() -> None:
     quiet = [Observation(s, speed(s) + float(rng.normal(0, 0.01)), 1) for s in settings() * 2]
     noisy = [Observation(s, speed(s) + float(rng.normal(0, 0.3)), 1) for s in settings() * 2]
     assert empirical_scales(features, quiet).noise_sd < empirical_scales(features, noisy).noise_sd
+
+
+def test_each_knob_gets_the_spread_its_effects_show() -> None:
+    """One knob moves speed by 2x, three do nothing: with enough readings the one gets a wider main-effect
+    spread than each of the others, and the model ranks the settings by it."""
+    space = {"BIG": [1, 2, 4, 6], "P": [0, 1, 2], "Q": [0, 1], "R": [0, 1, 2]}
+    features = Features(space)
+    rng = np.random.default_rng(3)
+    effect = {1: -0.7, 2: -0.3, 4: 0.0, 6: -0.15}
+    every = [
+        {"BIG": b, "P": p, "Q": q, "R": r}
+        for b in space["BIG"]
+        for p in space["P"]
+        for q in space["Q"]
+        for r in space["R"]
+    ]
+    measured = [every[i] for i in rng.choice(len(every), RELEVANCE_MIN_OBSERVATIONS + 4, replace=False)]
+    observations = [Observation(s, effect[s["BIG"]] + float(rng.normal(0, 0.02)), 1) for s in measured]
+
+    scales = empirical_scales(features, observations)
+
+    relevance = dict(scales.relevance)
+    assert set(relevance) == set(space)
+    assert all(relevance["BIG"] > relevance[other] for other in ("P", "Q", "R")), relevance
+    assert empirical_scales(features, observations[: RELEVANCE_MIN_OBSERVATIONS - 1]).relevance == ()
+    predicted = features.matrix(every) @ fit(features, observations, scales=scales).mean
+    best = every[int(np.argmax(predicted))]
+    assert best["BIG"] == 4
