@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,9 +13,9 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
-from activities.temporal_client import query_timed_out
+from activities.temporal_client import connection_broke, query_timed_out
 from engine.search.console import static_details, summary
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
@@ -68,6 +69,9 @@ def search_attributes(spec: SearchSpec) -> TypedSearchAttributes:
     )
 
 
+DEADLINE_REACHED = 0.9
+"""Share of STATUS_QUERY_TIMEOUT after which a broken connection is taken for the deadline's end."""
+
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 """How long the `status` query may wait for a worker to answer at first. A worker answers within a second; a search
 whose queue no worker has ever polled, or whose workers are gone, leaves the query waiting until this deadline
@@ -86,10 +90,22 @@ machine, with other queries queued before it, that took over ten seconds), not g
 async def search_status(client: Client, search_id: str) -> SearchStatus:
     """The `status` query of a search (running or closed within retention)."""
     handle = client.get_workflow_handle(search_id)
+    started = time.monotonic()
     try:
         return await handle.query("status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT)
     except Exception as error:
-        if not query_timed_out(error) or not await worker_polled_lately(client, handle):
+        waited = time.monotonic() - started
+        if connection_broke(error) and waited >= STATUS_QUERY_TIMEOUT.total_seconds() * DEADLINE_REACHED:
+            # The stream broke when the deadline came ("h2 protocol error" where "Timeout expired" is usual; seen
+            # on CI with no worker): the query ran out its deadline, Temporal did not stop answering.
+            timed_out = RPCError(
+                f"Timeout expired: the query waited {waited:.0f}s and its connection broke at the deadline ({error})",
+                RPCStatusCode.DEADLINE_EXCEEDED,
+                b"",
+            )
+            if not await worker_polled_lately(client, handle):
+                raise timed_out from error
+        elif not query_timed_out(error) or not await worker_polled_lately(client, handle):
             raise
     return await handle.query("status", result_type=SearchStatus, rpc_timeout=BUSY_WORKER_QUERY_TIMEOUT)
 

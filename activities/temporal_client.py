@@ -60,6 +60,14 @@ def unreachable(error: BaseException) -> bool:
     return False
 
 
+def connection_broke(error: BaseException) -> bool:
+    """True when a call failed because the HTTP/2 connection under the client broke ("h2 protocol error",
+    "transport error"), whatever the status code says."""
+    return any(
+        isinstance(e, RPCError) and any(mark in e.message for mark in _CONNECTION_FAILURES) for e in _chain(error)
+    )
+
+
 def no_worker(error: BaseException) -> bool:
     """True when Temporal answered that no worker polls the task queue a query needs (``kf search show`` of a
     search whose workers are all gone), or a query ran out its deadline unanswered (a search whose queue no worker

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -32,6 +33,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from activities import search_client
 from activities.search import SearchActivities
 from activities.temporal_client import no_poller, query_timed_out, unreachable
 from cli import exit_status
@@ -116,6 +118,39 @@ def test_a_query_no_worker_answered_is_said_as_no_worker_whichever_side_timed_it
     for error in (client_deadline, server_deadline, gone):
         status, line = classify(error) or (None, "")
         assert status == exit_status.MACHINE and line.startswith("no worker answers for this search"), line
+
+
+class _BrokenAtTheDeadline:
+    """A workflow handle whose query breaks its connection after ``after`` seconds, as the Temporal client's
+    HTTP/2 stream did on CI when a query with no worker reached its deadline (the client is outside the project:
+    the break cannot be made to happen on demand)."""
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+
+    def get_workflow_handle(self, search_id: str) -> _BrokenAtTheDeadline:
+        return self
+
+    async def query(self, *args: object, **kwargs: object) -> None:
+        await asyncio.sleep(self.after)
+        raise RPCError("h2 protocol error: http2 error", RPCStatusCode.CANCELLED, b"")
+
+    async def describe(self) -> None:
+        raise RPCError("h2 protocol error: http2 error", RPCStatusCode.CANCELLED, b"")
+
+
+async def test_a_connection_that_breaks_at_the_query_deadline_is_no_worker_and_at_once_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(search_client, "STATUS_QUERY_TIMEOUT", timedelta(seconds=0.2))
+    with pytest.raises(RPCError) as at_deadline:
+        await search_client.search_status(_BrokenAtTheDeadline(0.25), "search-x")  # type: ignore[arg-type]
+    status, line = classify(at_deadline.value) or (None, "")
+    assert status == exit_status.MACHINE and line.startswith("no worker answers for this search"), line
+    with pytest.raises(RPCError) as at_once:
+        await search_client.search_status(_BrokenAtTheDeadline(0.0), "search-x")  # type: ignore[arg-type]
+    status, line = classify(at_once.value) or (None, "")
+    assert status == exit_status.MACHINE and line.startswith("Temporal stopped answering"), line
 
 
 def test_only_kernel_caused_outcomes_are_verdicts() -> None:
