@@ -24,7 +24,7 @@ from engine.harness.driver import Contender, Failed
 from engine.harness.sandbox import CpuLease
 from engine.harness.validation import TrialRunner, plan_trials, validate_artifact, validation_limits
 from engine.harness.verdicts import Verdict
-from engine.problems import load_problem
+from engine.problems import Problem, load_problem
 
 HOSTILE = Path(__file__).parent / "hostile"
 SEEDS = 1
@@ -193,23 +193,28 @@ def test_a_library_swapped_in_the_cache_is_screened_before_it_is_loaded(cache: P
     assert report.cases[0].check == "screen"
 
 
-@x86_64
-def test_a_worker_that_dies_after_its_last_reply_is_no_verdict_of_ok(cache: Path) -> None:
-    """The judge's close asks the worker to finish; a worker that died in the meantime (here: a thread the
-    candidate left behind ended the process after the trials) fails that, and the failure is the kernel's."""
-    problem = load_problem("softmax")
-    artifact = compiled(hostile_source("exits_between_calls.c"), cache)
-    lease = CpuLease(2)
+def started_contender(problem: Problem, artifact: str, threads: int, cache: Path) -> tuple[CpuLease, Contender]:
+    """A candidate's sandboxed worker as validation starts it, and its CPU lease (release both)."""
+    lease = CpuLease(threads)
     contender = Contender(
         problem,
         label="candidate",
         kind="artifact",
         artifact_id=artifact,
-        threads=2,
+        threads=threads,
         cpus=lease.cpus,
         limits=validation_limits(problem, 4, CALL_TIMEOUT_S),
         cache_dir=cache,
     )
+    return lease, contender
+
+
+@x86_64
+def test_a_worker_that_dies_after_its_last_reply_is_no_verdict_of_ok(cache: Path) -> None:
+    """The judge's close asks the worker to finish; a worker that died in the meantime (here: a thread the
+    candidate left behind ended the process after the trials) fails that, and the failure is the kernel's."""
+    problem = load_problem("softmax")
+    lease, contender = started_contender(problem, compiled(hostile_source("exits_between_calls.c"), cache), 2, cache)
     try:
         groups = plan_trials(problem, "validation", 1, 0)[:1]
         assert TrialRunner(problem, contender, CALL_TIMEOUT_S).run(groups) is None  # its answers are right
@@ -229,17 +234,7 @@ def test_a_worker_gone_right_after_its_bye_finished_as_told(cache: Path, monkeyp
     the end it was told to make, not a death to judge."""
     problem = load_problem("softmax")
     plain = compiled((HOSTILE / "raw.h").read_text().replace("static void softmax_rows", "void softmax"), cache)
-    lease = CpuLease(1)
-    contender = Contender(
-        problem,
-        label="candidate",
-        kind="artifact",
-        artifact_id=plain,
-        threads=1,
-        cpus=lease.cpus,
-        limits=validation_limits(problem, 4, CALL_TIMEOUT_S),
-        cache_dir=cache,
-    )
+    lease, contender = started_contender(problem, plain, 1, cache)
     try:
         groups = plan_trials(problem, "validation", 1, 0)[:1]
         assert TrialRunner(problem, contender, CALL_TIMEOUT_S).run(groups) is None
