@@ -37,6 +37,8 @@ from engine.harness import protocol as p
 from engine.harness.cpu import artifact_path, harness_shim
 from engine.harness.sandbox import HARNESS_WORKER, Sandbox, SandboxLimits, SandboxOutcome, SandboxProcess
 from engine.harness.screen import screen_library
+from engine.harness.starvation import STARVED_PATIENCE, Schedule, since
+from engine.harness.starvation import read as read_schedule
 from engine.harness.verdicts import Verdict
 from engine.outages import KERNEL_SIGNALS
 from engine.problems import Problem
@@ -100,6 +102,9 @@ class Contender:
         self.stopped = False
         self.exited: SandboxOutcome | None = None
         self.worker_pid: int | None = None
+        # The worker's CPU time when the command now awaited was sent (a deadline the machine made it miss is no
+        # verdict of the kernel's: engine/harness/starvation.py).
+        self.sent: Schedule | None = None
         self.baseline_threads: set[int] = set()
         self.uid: int | None = None
         self.commands = self.replies = self.fatal = -1
@@ -245,6 +250,7 @@ class Contender:
         """Send one command without waiting for its reply (:meth:`collect` reads it): this process can judge
         the previous reply while the worker runs the next command."""
         self._resume()
+        self._mark_sent()
         try:
             p.write_message(self.commands, command, *payload)
         except BrokenPipeError:
@@ -261,13 +267,13 @@ class Contender:
             raise
 
     def _collect(self, timeout: float, what: str) -> tuple[p.Reply, bytearray]:
+        late = f"stopped: {what} ran longer than {timeout:g}s"
         try:
-            reply, data = p.read_reply(self.replies, time.monotonic() + timeout)
+            reply, data = self._await(timeout, late)
         except (BrokenPipeError, p.ChannelClosed):
             raise self._died(what) from None
         except p.ChannelTimeout:
-            self._kill()
-            raise Failed(Verdict.timeout, "timeout", f"stopped: {what} ran longer than {timeout:g}s") from None
+            raise self._timed_out(late) from None
         except p.ProtocolError as error:
             raise self._protocol(str(error)) from None
         self._after(reply)
@@ -277,18 +283,17 @@ class Contender:
         self._resume()
         nonce = secrets.randbits(62)
         go = p.Go(nonce=nonce, calls=calls)
+        late = f"stopped: a batch of {calls} call(s) ran past {timeout:g}s"
+        self._mark_sent()
         try:
             started = time.perf_counter_ns()
             p.write_message(self.commands, go)
-            reply, _ = p.read_reply(self.replies, time.monotonic() + timeout)
+            reply, _ = self._await(timeout, late)
             elapsed = time.perf_counter_ns() - started
         except (BrokenPipeError, p.ChannelClosed):
             raise self._died("a timed batch") from None
         except p.ChannelTimeout:
-            self._kill()
-            raise Failed(
-                Verdict.timeout, "timeout", f"stopped: a batch of {calls} call(s) ran past {timeout:g}s"
-            ) from None
+            raise self._timed_out(late) from None
         except p.ProtocolError as error:
             raise self._protocol(str(error)) from None
         if not isinstance(reply, p.Done) or reply.nonce != nonce:
@@ -354,6 +359,39 @@ class Contender:
             raise self._died("a check after a call") from None
 
     # -- endings ---------------------------------------------------------------------------------------
+
+    def _await(self, timeout: float, late: str) -> tuple[p.Reply, bytearray]:
+        """The reply to the command just sent, within ``timeout`` seconds of it: a worker that misses that is the
+        kernel's ``timeout`` -- unless it was ready to run and the machine gave it no CPU. Such a worker gets
+        more time, and where the machine never runs it the failure is the machine's (engine/harness/starvation.py).
+        A reply begun but not finished by the deadline raises ChannelTimeout."""
+        deadline = time.monotonic() + timeout
+        extended = 0
+        while not p.readable(self.replies, deadline):
+            wait = since(self.sent, self._schedule())
+            if wait is None or not wait.held_by_machine(timeout):
+                raise self._timed_out(late)
+            if extended == STARVED_PATIENCE:
+                self._kill()
+                raise Failed(
+                    Verdict.harness_error,
+                    "timeout",
+                    f"{late}: {wait.describe()}; the machine was too busy to run it, which is not the kernel's verdict",
+                )
+            extended += 1
+            deadline = time.monotonic() + timeout
+        return p.read_reply(self.replies, deadline)
+
+    def _schedule(self) -> Schedule | None:
+        return read_schedule(self.worker_pid) if self.worker_pid is not None else None
+
+    def _mark_sent(self) -> None:
+        self.sent = self._schedule()
+
+    def _timed_out(self, message: str) -> Failed:
+        """Kill a worker that missed its deadline by itself; its failure is the kernel's."""
+        self._kill()
+        return Failed(Verdict.timeout, "timeout", message)
 
     def _kill(self) -> None:
         if self._handle is not None:

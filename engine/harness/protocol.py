@@ -257,6 +257,12 @@ def write_message(fd: int, message: BaseModel, *payloads: bytes | memoryview) ->
             view = view[written:]
 
 
+def readable(fd: int, deadline: float) -> bool:
+    """Wait until bytes (or the writer's end) can be read from ``fd``, or ``deadline`` (monotonic) passes;
+    nothing is read, so a caller may wait again."""
+    return bool(select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0])
+
+
 def _read_exactly(fd: int, count: int, deadline: float | None, into: bytearray | None = None) -> bytearray:
     buffer = into if into is not None else bytearray(count)
     view = memoryview(buffer)

@@ -1,0 +1,166 @@
+"""A deadline the machine made a worker miss is not the kernel's timeout.
+
+The machine is overloaded for real here: the worker is held by a CPU quota (a cgroup's), as in a container whose
+co-tenants used the quota up, or it runs at SCHED_IDLE next to a process that keeps its CPU busy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import pytest
+
+from engine.harness.cpu import DEFAULT_FLAGS, compile_source
+from engine.harness.driver import Contender, Failed
+from engine.harness.sandbox import CpuLease
+from engine.harness.starvation import STARVED_PATIENCE, read, since
+from engine.harness.validation import TrialRunner, plan_trials, validation_limits
+from engine.harness.verdicts import Verdict
+from engine.problems import load_problem
+
+CALL_TIMEOUT_S = 1.0
+SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass\n"
+NEVER_RETURNS = """
+#include <stdint.h>
+void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    volatile int64_t spin = 0;
+    (void)x; (void)y; (void)rows; (void)cols;
+    for (;;) spin++;
+}
+"""
+
+
+@contextmanager
+def spinning_on(cpu: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A process that keeps ``cpu`` busy at normal priority."""
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN, str(cpu)])
+    try:
+        time.sleep(0.3)  # started and pinned
+        yield spinner
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def idle(pid: int) -> None:
+    """Run ``pid`` only when its CPU has nothing else its session wants to run."""
+    os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+
+
+@contextmanager
+def throttled(pid: int) -> Iterator[None]:
+    """Hold ``pid`` to 1% of one CPU with a CPU quota, as a container whose quota its co-tenants used up: its
+    threads stay ready to run (state R) and get no CPU."""
+    # cgroup v1 only: there the cpu hierarchy is apart from the pids one the sandbox keeps the worker in (under
+    # v2 moving the worker would take it out of that).
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cpu.cfs_quota_us").is_file() or not os.access(root, os.W_OK):
+        pytest.skip("no writable cgroup v1 cpu hierarchy to hold the worker off its CPU with")
+    group = root / f"kf-test-throttled-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("1000")
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for process in (group / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(process)
+            except OSError:
+                pass  # it died
+        group.rmdir()
+
+
+def test_a_process_kept_off_its_cpu_is_held_by_the_machine_and_the_one_that_ran_is_not() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with spinning_on(cpu) as busy, spinning_on(cpu) as starved:
+        idle(starved.pid)
+        time.sleep(0.2)  # the scheduler has taken the new policy into account
+        before = {p.pid: read(p.pid) for p in (busy, starved)}
+        time.sleep(1.0)
+        waits = {pid: since(schedule, read(pid)) for pid, schedule in before.items()}
+    kept_off, ran = waits[starved.pid], waits[busy.pid]
+    assert kept_off is not None and ran is not None
+    assert kept_off.held_by_machine(1.0), kept_off.describe()
+    # The spinner at normal priority may share its CPU with this machine's other work, but it ran.
+    assert ran.ran_ns > 5 * kept_off.ran_ns, (ran.describe(), kept_off.describe())
+
+
+def test_a_process_asleep_past_its_deadline_is_not_held_by_the_machine() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)  # started and asleep
+        before = read(sleeper.pid)
+        time.sleep(0.5)
+        wait = since(before, read(sleeper.pid))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert wait is not None
+    assert not wait.runnable, wait.describe()
+    assert not wait.held_by_machine(0.5)
+
+
+def test_a_process_gone_or_never_there_has_no_reading() -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    assert read(process.pid) is None
+    assert since(None, read(os.getpid())) is None
+
+
+@pytest.fixture(scope="module")
+def never_returns(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    cache = tmp_path_factory.mktemp("kf-cache")
+    result = compile_source(load_problem("softmax"), NEVER_RETURNS, DEFAULT_FLAGS, cache_dir=cache)
+    assert result.verdict == Verdict.ok and result.artifact_id is not None, result.first_error
+    return result.artifact_id, cache
+
+
+def run_one_trial(artifact: str, cache: Path, starve: bool) -> Failed:
+    """One trial of a kernel that never returns, its worker starved of its CPU or not; the failure."""
+    problem = load_problem("softmax")
+    lease = CpuLease(1)
+    contender = Contender(
+        problem,
+        label="candidate",
+        kind="artifact",
+        artifact_id=artifact,
+        threads=1,
+        cpus=lease.cpus,
+        limits=validation_limits(problem, 4, CALL_TIMEOUT_S),
+        cache_dir=cache,
+    )
+    try:
+        assert contender.worker_pid is not None
+        groups = plan_trials(problem, "validation", 1, 0)[:1]
+        with pytest.raises(Failed) as failed, throttled(contender.worker_pid) if starve else nullcontext():
+            TrialRunner(problem, contender, CALL_TIMEOUT_S).run(groups)
+        return failed.value
+    finally:
+        contender.discard()
+        lease.release()
+
+
+def test_a_kernel_that_never_returns_is_a_timeout_when_it_had_its_cpu(never_returns: tuple[str, Path]) -> None:
+    failure = run_one_trial(*never_returns, starve=False)
+    assert failure.verdict == Verdict.timeout, failure
+
+
+def test_a_deadline_missed_while_the_machine_kept_the_worker_off_its_cpu_is_no_verdict(
+    never_returns: tuple[str, Path],
+) -> None:
+    """The same kernel misses the same deadline; the worker spent it waiting for a CPU another process held,
+    so the miss is the machine's: a harness error, which the search retries and never records as a verdict."""
+    started = time.monotonic()
+    failure = run_one_trial(*never_returns, starve=True)
+    assert failure.verdict == Verdict.harness_error, failure
+    assert "too busy" in failure.message and "waiting for one" in failure.message, failure
+    # It was given more time before the machine was blamed.
+    assert time.monotonic() - started >= (STARVED_PATIENCE + 1) * CALL_TIMEOUT_S
