@@ -95,18 +95,19 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
         return await handle.query("status", result_type=SearchStatus, rpc_timeout=STATUS_QUERY_TIMEOUT)
     except Exception as error:
         waited = time.monotonic() - started
+        failure: BaseException = error
         if connection_broke(error) and waited >= STATUS_QUERY_TIMEOUT.total_seconds() * DEADLINE_REACHED:
             # The stream broke when the deadline came ("h2 protocol error" where "Timeout expired" is usual; seen
             # on CI with no worker): the query ran out its deadline, Temporal did not stop answering.
-            timed_out = RPCError(
+            failure = RPCError(
                 f"Timeout expired: the query waited {waited:.0f}s and its connection broke at the deadline ({error})",
                 RPCStatusCode.DEADLINE_EXCEEDED,
                 b"",
             )
-            if not await worker_polled_lately(client, handle):
-                raise timed_out from error
-        elif not query_timed_out(error) or not await worker_polled_lately(client, handle):
-            raise
+        if not query_timed_out(failure) or not await worker_polled_lately(client, handle):
+            if failure is error:
+                raise
+            raise failure from error
     return await handle.query("status", result_type=SearchStatus, rpc_timeout=BUSY_WORKER_QUERY_TIMEOUT)
 
 

@@ -47,9 +47,7 @@ def unreachable(error: BaseException) -> bool:
         seen.add(id(current))
         # "h2 protocol error": the HTTP/2 connection under the client broke (seen once on the call after a query
         # that ran out its deadline): the connection's failure, not an answer.
-        if isinstance(current, RPCError) and (
-            current.status in _UNREACHABLE or any(mark in current.message for mark in _CONNECTION_FAILURES)
-        ):
+        if isinstance(current, RPCError) and (current.status in _UNREACHABLE or connection_broke(current)):
             return True
         # Client.connect has no status code: "Failed client connect: Server connection error: tonic::transport…".
         if isinstance(current, RuntimeError) and str(current).startswith("Failed client connect"):

@@ -236,11 +236,14 @@ class _Design:
     noise: np.ndarray
 
     @classmethod
-    def of(cls, features: Features, observations: Sequence[Observation], noise_sd: float) -> _Design:
-        """Each observation's variance is max(noise_sd², its reading variance) / n + MODEL_SD²."""
+    def of(
+        cls, features: Features, observations: Sequence[Observation], noise_sd: float, x: np.ndarray | None = None
+    ) -> _Design:
+        """Each observation's variance is max(noise_sd², its reading variance) / n + MODEL_SD²; ``x``: the
+        observations' feature rows where the caller has them already."""
         reading = np.array([max(noise_sd**2, o.reading_var or 0.0) for o in observations])
         return cls(
-            x=features.matrix(o.params for o in observations),
+            x=features.matrix(o.params for o in observations) if x is None else x,
             y=np.array([o.mean for o in observations]),
             noise=reading / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2,
         )
@@ -271,9 +274,8 @@ def empirical_scales(features: Features, observations: Sequence[Observation], mu
     mu = np.zeros(len(features.names)) if mu0 is None else mu0
     x = features.matrix(o.params for o in recent)
     best, chosen = -math.inf, default
-    for noise_sd in NOISE_SD_GRID:
-        design = _Design.of(features, recent, noise_sd)
-        design = _Design(x, design.y, design.noise)
+    designs = {noise_sd: _Design.of(features, recent, noise_sd, x) for noise_sd in NOISE_SD_GRID}
+    for noise_sd, design in designs.items():
         for main_sd in MAIN_SD_GRID:
             for pair_scale in PAIR_SCALE_GRID:
                 scales = Scales(main_sd, default.pair_sd * pair_scale, noise_sd)
@@ -283,8 +285,7 @@ def empirical_scales(features: Features, observations: Sequence[Observation], mu
     if len(recent) >= RELEVANCE_MIN_OBSERVATIONS and features.parameters > 1:
         # Each parameter's own main-effect spread, by coordinate search from the shared one: see the module
         # docstring ("Knobs differ in how much they matter").
-        design = _Design.of(features, recent, chosen.noise_sd)
-        design = _Design(x, design.y, design.noise)
+        design = designs.get(chosen.noise_sd) or _Design.of(features, recent, chosen.noise_sd, x)
         factor = {n: 1.0 for n in sorted(set(features.main_of))}
         for _ in range(RELEVANCE_SWEEPS):
             for name in sorted(factor):
