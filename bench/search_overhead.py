@@ -18,7 +18,9 @@ measured it. Figures:
   (each generation's overhead is its wall time, from one generation.completed to the next, minus its
   steps' engine_seconds);
 - lessons_ms_at_100k_events: ``lessons_for`` with that many events in the log (bench/lessons_scale.py).
-Pass 0 to skip either of the last two (the 1,000-candidate search takes about 20 minutes).
+Pass 0 to skip either of the last two. The 1,000-candidate search takes about 45 minutes on a 2-core machine:
+each candidate of the trivial problem still costs about 2.5 s of engine work (compiling, validation in a
+fresh sandboxed worker, timing against numpy and the incumbent in workers of their own).
 """
 
 from __future__ import annotations
@@ -60,21 +62,19 @@ async def measure(client: Client, store: EventStore, spec: dict[str, Any]) -> di
 
 async def per_generation_overhead(store: EventStore, search_id: str) -> list[tuple[int, float]]:
     """(candidates, overhead seconds) of each generation, in order: the wall time from the previous
-    generation.completed (or search.started) to its own, minus its steps' engine_seconds."""
+    generation.completed (or search.started) to its own, minus the engine_seconds of the steps recorded in
+    that window. By the window, not by the steps' generation field: the final playoff's steps carry the last
+    generation's number but run after its generation.completed, and counting them there made its overhead
+    negative."""
     events = await store.read_stream(stream_of(search_id))
-    engine: dict[int, float] = {}
-    counted: dict[int, set[str]] = {}
-    for event in events:
-        if "output" in event.payload and "generation" in event.payload:
-            g = int(event.payload["generation"])
-            engine[g] = engine.get(g, 0.0) + float(event.payload["output"].get("engine_seconds", 0.0))
-            counted.setdefault(g, set()).add(str(event.payload.get("candidate_id")))
+    steps = [e for e in events if "output" in e.payload]
     marks = [e for e in events if e.type in ("search.started", "generation.completed")]
     rows = []
     for before, after in itertools.pairwise(marks):
-        g = int(after.payload["generation"])
+        inside = [e for e in steps if before.recorded_at < e.recorded_at <= after.recorded_at]
+        engine = sum(float(e.payload["output"].get("engine_seconds", 0.0)) for e in inside)
         wall = (after.recorded_at - before.recorded_at).total_seconds()
-        rows.append((len(counted.get(g, ())), wall - engine.get(g, 0.0)))
+        rows.append((len({str(e.payload.get("candidate_id")) for e in inside}), wall - engine))
     return rows
 
 
