@@ -19,7 +19,7 @@ import pytest
 from engine.harness.cpu import DEFAULT_FLAGS, compile_source
 from engine.harness.driver import Contender, Failed
 from engine.harness.sandbox import CpuLease
-from engine.harness.starvation import STARVED_PATIENCE, read, since
+from engine.harness.starvation import STARVED_PATIENCE, Watch, since
 from engine.harness.validation import TrialRunner, plan_trials, validation_limits
 from engine.harness.verdicts import Verdict
 from engine.problems import load_problem
@@ -83,9 +83,10 @@ def test_a_process_kept_off_its_cpu_is_held_by_the_machine_and_the_one_that_ran_
     with spinning_on(cpu) as busy, spinning_on(cpu) as starved:
         idle(starved.pid)
         time.sleep(0.2)  # the scheduler has taken the new policy into account
-        before = {p.pid: read(p.pid) for p in (busy, starved)}
+        watches = {p.pid: Watch(p.pid) for p in (busy, starved)}
+        before = {pid: watch.cpu_time() for pid, watch in watches.items()}
         time.sleep(1.0)
-        waits = {pid: since(schedule, read(pid)) for pid, schedule in before.items()}
+        waits = {pid: since(before[pid], watch.schedule()) for pid, watch in watches.items()}
     kept_off, ran = waits[starved.pid], waits[busy.pid]
     assert kept_off is not None and ran is not None
     assert kept_off.held_by_machine(1.0), kept_off.describe()
@@ -97,9 +98,10 @@ def test_a_process_asleep_past_its_deadline_is_not_held_by_the_machine() -> None
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         time.sleep(0.5)  # started and asleep
-        before = read(sleeper.pid)
+        watch = Watch(sleeper.pid)
+        before = watch.cpu_time()
         time.sleep(0.5)
-        wait = since(before, read(sleeper.pid))
+        wait = since(before, watch.schedule())
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -109,10 +111,35 @@ def test_a_process_asleep_past_its_deadline_is_not_held_by_the_machine() -> None
 
 
 def test_a_process_gone_or_never_there_has_no_reading() -> None:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    watch = Watch(process.pid)
+    assert watch.cpu_time() is not None and watch.schedule() is not None
     process.wait()
-    assert read(process.pid) is None
-    assert since(None, read(os.getpid())) is None
+    assert watch.cpu_time() is None and watch.schedule() is None
+    assert Watch(process.pid).cpu_time() is None
+    assert since(None, Watch(os.getpid()).schedule()) is None
+
+
+def test_the_cpu_time_counts_every_thread_and_the_ended_ones() -> None:
+    # Two threads spin for about 0.3 s of CPU each, then end; the process sleeps on. Its CPU time keeps theirs.
+    code = (
+        "import threading, time\n"
+        "def spin():\n"
+        "    end = time.thread_time() + 0.3\n"
+        "    while time.thread_time() < end: pass\n"
+        "threads = [threading.Thread(target=spin) for _ in range(2)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "print('done', flush=True); time.sleep(30)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        watch = Watch(process.pid)
+        assert process.stdout is not None and process.stdout.readline() == b"done\n"
+        cpu = watch.cpu_time()
+        assert cpu is not None and cpu.ran_ns >= 0.6e9, cpu
+    finally:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,7 @@ from engine.harness import protocol as p
 from engine.harness.cpu import artifact_path, harness_shim
 from engine.harness.sandbox import HARNESS_WORKER, Sandbox, SandboxLimits, SandboxOutcome, SandboxProcess
 from engine.harness.screen import screen_library
-from engine.harness.starvation import STARVED_PATIENCE, Schedule, since
-from engine.harness.starvation import read as read_schedule
+from engine.harness.starvation import STARVED_PATIENCE, CpuTime, Watch, since
 from engine.harness.verdicts import Verdict
 from engine.outages import KERNEL_SIGNALS
 from engine.problems import Problem
@@ -104,7 +103,8 @@ class Contender:
         self.worker_pid: int | None = None
         # The worker's CPU time when the command now awaited was sent (a deadline the machine made it miss is no
         # verdict of the kernel's: engine/harness/starvation.py).
-        self.sent: Schedule | None = None
+        self.sent: CpuTime | None = None
+        self.watch: Watch | None = None
         self.baseline_threads: set[int] = set()
         self.uid: int | None = None
         self.commands = self.replies = self.fatal = -1
@@ -205,6 +205,7 @@ class Contender:
             raise SandboxFailure("the worker did not drop root privileges before loading the candidate")
         self.worker_pid = self._find_worker()
         if self.worker_pid is not None:
+            self.watch = Watch(self.worker_pid)
             self.baseline_threads = {t.id for t in psutil.Process(self.worker_pid).threads()}
 
     @property
@@ -364,11 +365,11 @@ class Contender:
         """The reply to the command just sent, within ``timeout`` seconds of it: a worker that misses that is the
         kernel's ``timeout`` -- unless it was ready to run and the machine gave it no CPU. Such a worker gets
         more time, and where the machine never runs it the failure is the machine's (engine/harness/starvation.py).
-        A reply begun but not finished by the deadline raises ChannelTimeout."""
+        A reply begun by the deadline has ``timeout`` more seconds to arrive whole, or raises ChannelTimeout."""
         deadline = time.monotonic() + timeout
         extended = 0
         while not p.readable(self.replies, deadline):
-            wait = since(self.sent, self._schedule())
+            wait = since(self.sent, self.watch.schedule() if self.watch is not None else None)
             if wait is None or not wait.held_by_machine(timeout):
                 raise self._timed_out(late)
             if extended == STARVED_PATIENCE:
@@ -380,13 +381,13 @@ class Contender:
                 )
             extended += 1
             deadline = time.monotonic() + timeout
-        return p.read_reply(self.replies, deadline)
-
-    def _schedule(self) -> Schedule | None:
-        return read_schedule(self.worker_pid) if self.worker_pid is not None else None
+        # Why a fresh deadline: a reply that became readable a microsecond before the deadline must not be cut
+        # off half-read for a deadline the worker met.
+        return p.read_reply(self.replies, time.monotonic() + timeout)
 
     def _mark_sent(self) -> None:
-        self.sent = self._schedule()
+        # One clock_gettime (about a microsecond): it runs before every command, timed batches included.
+        self.sent = self.watch.cpu_time() if self.watch is not None else None
 
     def _timed_out(self, message: str) -> Failed:
         """Kill a worker that missed its deadline by itself; its failure is the kernel's."""

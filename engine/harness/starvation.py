@@ -5,9 +5,10 @@ only when the kernel caused the wait: it ran too long, spun, or blocked. On an o
 also miss it while it was ready to run and no CPU ran it. The kernel did not cause that, so it must not become
 the kernel's ``timeout`` (DESIGN.md: an outcome is the kernel's only when the kernel caused it).
 
-At a missed deadline the parent reads, from outside, how much CPU time the worker's threads had since the
-command was sent (``/proc/PID/task/TID/schedstat``, the scheduler's own count) and whether any of them is
-runnable now. A worker that had a good share of the deadline on a CPU, or that is blocked (asleep, stopped),
+When a command is sent the parent reads the worker's CPU time from outside (its process CPU clock, one system
+call, so it costs every command about a microsecond). At a missed deadline it reads the clock again, and whether
+any of the worker's threads is runnable now (``/proc/PID/task/TID/stat``: read only then, as it costs a hundred
+times more). A worker that had a good share of the deadline on a CPU, or that is blocked (asleep, stopped),
 missed it by itself. A worker that is runnable yet had little CPU time was kept waiting for a CPU: the parent
 gives it more time (:data:`STARVED_PATIENCE` more deadlines of the same length) and, if the machine never lets
 it run, reports the machine, never the kernel.
@@ -18,9 +19,13 @@ CPU, so a worker still kept off its CPU at the deadline shows none of it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # A worker that had at least this fraction of the deadline on a CPU had its chance: the miss is its own.
 HAD_ITS_CPU = 0.5
@@ -29,37 +34,79 @@ STARVED_PATIENCE = 4
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """One reading of a process's threads, taken from outside."""
+class CpuTime:
+    """How long a process had run on a CPU, read from outside at one moment."""
 
     ran_ns: int
-    """Nanoseconds its threads have run on a CPU, summed over the threads alive now."""
-    runnable: bool
-    """Some thread is running or ready to run (state R), not asleep, stopped or gone."""
+    """Nanoseconds its threads have run on a CPU since it started, the ended ones included."""
     at_ns: int
     """The reader's monotonic clock when the reading was taken."""
 
 
-def read(pid: int) -> Schedule | None:
-    """The scheduler's reading of every thread of ``pid``, or None where it cannot be read (the process is
-    gone, or this kernel keeps no such count): then no missed deadline is blamed on the machine."""
-    ran = 0
-    runnable = False
-    at = time.monotonic_ns()
+@dataclass(frozen=True)
+class Schedule:
+    """A reading taken at a missed deadline: the CPU time, and whether the process waits for a CPU now."""
+
+    cpu: CpuTime
+    runnable: bool
+    """Some thread is running or ready to run (state R), not asleep, stopped or gone."""
+
+
+def _libc_clock_getcpuclockid() -> Callable[[int, Any], int] | None:
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).clock_getcpuclockid
+    except (OSError, AttributeError):
         return None
-    for tid in tasks:
+    function.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    function.restype = ctypes.c_int
+    return function
+
+
+# Python has no clock_getcpuclockid(3); the C library's is called once per worker, and each reading after that is
+# one clock_gettime.
+_CLOCK_GETCPUCLOCKID = _libc_clock_getcpuclockid()
+
+
+class Watch:
+    """Readings of one process's scheduling, from outside it (the candidate cannot write what they read)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.clock: int | None = None
+        if _CLOCK_GETCPUCLOCKID is not None:
+            clock = ctypes.c_int()
+            if _CLOCK_GETCPUCLOCKID(pid, ctypes.byref(clock)) == 0:
+                self.clock = clock.value
+
+    def cpu_time(self) -> CpuTime | None:
+        """The process's CPU time now, or None where it cannot be read (the process is gone, or this system has
+        no process CPU clocks): then no missed deadline is blamed on the machine."""
+        if self.clock is None:
+            return None
+        at = time.monotonic_ns()
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as file:
-                ran += int(file.read().split()[0])
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as file:
-                # "tid (comm) S ...": the name may hold spaces and parentheses, the state follows the last ')'.
-                runnable |= file.read().rpartition(b")")[2].split()[0] == b"R"
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended between the listing and the read
-    return Schedule(ran_ns=ran, runnable=runnable, at_ns=at)
+            return CpuTime(ran_ns=time.clock_gettime_ns(self.clock), at_ns=at)
+        except OSError:
+            return None
+
+    def schedule(self) -> Schedule | None:
+        """The CPU time and whether a thread waits for a CPU now; None where the CPU time cannot be read."""
+        cpu = self.cpu_time()
+        if cpu is None:
+            return None
+        runnable = False
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return None
+        for tid in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/stat", "rb") as file:
+                    # "tid (comm) S ...": the name may hold spaces and parentheses, the state follows the last ')'.
+                    runnable |= file.read().rpartition(b")")[2].split()[0] == b"R"
+            except (OSError, IndexError):
+                continue  # a thread that ended between the listing and the read
+        return Schedule(cpu=cpu, runnable=runnable)
 
 
 @dataclass(frozen=True)
@@ -81,9 +128,8 @@ class Wait:
         )
 
 
-def since(sent: Schedule | None, now: Schedule | None) -> Wait | None:
-    """The wait between two readings of one process; None when either is missing."""
+def since(sent: CpuTime | None, now: Schedule | None) -> Wait | None:
+    """The wait between a reading at send and one at the deadline; None when either is missing."""
     if sent is None or now is None:
         return None
-    # A thread that ended between the readings takes its count with it: never count below zero.
-    return Wait(wall_ns=now.at_ns - sent.at_ns, ran_ns=max(0, now.ran_ns - sent.ran_ns), runnable=now.runnable)
+    return Wait(wall_ns=now.cpu.at_ns - sent.at_ns, ran_ns=now.cpu.ran_ns - sent.ran_ns, runnable=now.runnable)
