@@ -6,7 +6,7 @@ also miss it while it was ready to run and no CPU ran it. The kernel did not cau
 the kernel's ``timeout`` (DESIGN.md: an outcome is the kernel's only when the kernel caused it).
 
 When a command is sent the parent reads the worker's CPU time from outside (its process CPU clock, one system
-call, so it costs every command about a microsecond). At a missed deadline it reads the clock again, and whether
+call, so it costs every command a microsecond or two). At a missed deadline it reads the clock again, and whether
 any of the worker's threads is runnable now (``/proc/PID/task/TID/stat``: read only then, as it costs a hundred
 times more). A worker that had a good share of the deadline on a CPU, or that is blocked (asleep, stopped),
 missed it by itself. A worker that is runnable yet had little CPU time was kept waiting for a CPU: the parent
