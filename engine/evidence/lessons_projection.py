@@ -129,6 +129,7 @@ async def apply_events(tx: ProjectionTransaction, events: list[RecordedEvent]) -
     """Fold ``events`` (the next ones after ``tx.checkpoint``, in position order) into the view through
     ``tx``'s connection and advance its checkpoint; nothing is committed until the transaction is."""
     fold = _Fold(tx.connection)
+    await fold.prefetch_candidates(events)
     for event in events:
         await fold.apply(event)
         tx.advance(event.position)
@@ -207,7 +208,8 @@ class _Fold:
     def __init__(self, connection: asyncpg.Connection) -> None:
         self.connection = connection
         self.searches: dict[str, _Search | None] = {}
-        self.candidates: dict[str, dict[str, _Candidate]] = {}
+        self.candidates: dict[tuple[str, str], _Candidate | None] = {}
+        """(stream, candidate id) -> the candidate as that search proposed it, None when it did not (yet)."""
         self.new_candidates: list[tuple[str, str, _Candidate, int]] = []
         self.stats: dict[StatsKey, _Stats] = {}
         self.failures: dict[FailureKey, _Failure] = {}
@@ -258,15 +260,14 @@ class _Fold:
         candidate_id = raw.get("candidate_id")
         if not candidate_id:
             return
-        known = await self.stream_candidates(event.stream_id)
-        if candidate_id in known:
+        if await self.stream_candidate(event.stream_id, candidate_id) is not None:
             return
         changes = changes_of(raw)
         parent_id = raw.get("parent_id")
         parent = await self.candidate_anywhere(event.stream_id, parent_id) if parent_id else None
         introduced = changes if parent is None else sorted(set(changes) - set(parent.changes))
         candidate = _Candidate(parent_id, dict(raw.get("params") or {}), changes, introduced)
-        known[candidate_id] = candidate
+        self.candidates[(event.stream_id, candidate_id)] = candidate
         self.new_candidates.append((event.stream_id, candidate_id, candidate, event.position))
 
     async def on_compiled(self, event: RecordedEvent) -> None:
@@ -369,7 +370,7 @@ class _Fold:
         """Fold one ok reading's speedup over the library into the changes' and the setting's samples (with
         the reading's width); the candidate, as its search knows it."""
         speedup = _positive(output.get("speedup"))
-        candidate = (await self.stream_candidates(event.stream_id)).get(candidate_id)
+        candidate = await self.stream_candidate(event.stream_id, candidate_id)
         if speedup is None:
             return candidate
         for change in changes:
@@ -411,16 +412,44 @@ class _Fold:
             )
         return self.searches[stream_id]
 
-    async def stream_candidates(self, stream_id: str) -> dict[str, _Candidate]:
-        if stream_id not in self.candidates:
-            rows = await self.connection.fetch("SELECT * FROM lesson_candidates WHERE stream_id = $1", stream_id)
-            self.candidates[stream_id] = {row["candidate_id"]: _candidate_from_row(row) for row in rows}
-        return self.candidates[stream_id]
+    async def prefetch_candidates(self, events: list[RecordedEvent]) -> None:
+        """Read the stored rows of the candidates ``events`` name (and their parents), in one query.
+
+        Only those: reading every candidate of a search at each page made a catch-up cost grow with the
+        search, and a long search catches up several times per candidate (bench/search_overhead.py)."""
+        wanted = {
+            (event.stream_id, candidate_id)
+            for event in events
+            if event.type in _HANDLERS and event.stream_id.startswith("search-")
+            for candidate_id in _candidate_ids(event)
+        } - self.candidates.keys()
+        if not wanted:
+            return
+        streams, ids = zip(*sorted(wanted), strict=True)
+        rows = await self.connection.fetch(
+            "SELECT l.* FROM unnest($1::text[], $2::text[]) AS w (stream_id, candidate_id) "
+            "JOIN lesson_candidates AS l USING (stream_id, candidate_id)",
+            list(streams),
+            list(ids),
+        )
+        found = {(row["stream_id"], row["candidate_id"]): _candidate_from_row(row) for row in rows}
+        for key in wanted:
+            self.candidates[key] = found.get(key)
+
+    async def stream_candidate(self, stream_id: str, candidate_id: str) -> _Candidate | None:
+        """The candidate as search ``stream_id`` proposed it (stored, or folded in this page), or None."""
+        key = (stream_id, candidate_id)
+        if key not in self.candidates:
+            row = await self.connection.fetchrow(
+                "SELECT * FROM lesson_candidates WHERE stream_id = $1 AND candidate_id = $2", stream_id, candidate_id
+            )
+            self.candidates[key] = None if row is None else _candidate_from_row(row)
+        return self.candidates[key]
 
     async def candidate_anywhere(self, stream_id: str, candidate_id: str) -> _Candidate | None:
         """The candidate as its own search knows it, else as the first search that proposed it did (a
         resumed search's parent may come from the search it resumes)."""
-        found = (await self.stream_candidates(stream_id)).get(candidate_id)
+        found = await self.stream_candidate(stream_id, candidate_id)
         if found is not None:
             return found
         # The earliest proposal wins, whether it is already stored or in this page: the same answer
@@ -438,7 +467,7 @@ class _Fold:
         candidate_id = event.payload.get("candidate_id")
         if search is None or not candidate_id:
             return None
-        candidate = (await self.stream_candidates(event.stream_id)).get(candidate_id)
+        candidate = await self.stream_candidate(event.stream_id, candidate_id)
         changes = [*(candidate.changes if candidate else []), ALL]
         key = self.evidence_key(search, candidate_id)
         evidence = await self.evidence_row(key)
@@ -652,6 +681,16 @@ _HANDLERS = {
 
 
 # -- small pure pieces ------------------------------------------------------------------------------------------
+
+
+def _candidate_ids(event: RecordedEvent) -> list[str]:
+    """The candidates an event's fold looks up: a proposal's candidate and its parent, an outcome's candidate."""
+    payload = event.payload
+    if event.type == "candidate.proposed":
+        raw = payload.get("candidate") or {}
+        return [str(i) for i in (raw.get("candidate_id"), raw.get("parent_id")) if i]
+    candidate_id = payload.get("candidate_id")
+    return [str(candidate_id)] if candidate_id else []
 
 
 def _candidate_from_row(row: asyncpg.Record) -> _Candidate:
