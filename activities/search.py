@@ -44,7 +44,7 @@ from engine.harness.verdicts import BenchmarkReport, CompileResult, ValidationRe
 from engine.outages import is_kernel_outcome, wait_out
 from engine.problems import Problem, load_problem
 from engine.proposers import ProposalContext, proposer_for
-from engine.proposers.failures import recent_failures_from_events
+from engine.proposers.failures import read_recent_failures
 from engine.proposers.outcomes import propose_batch
 from engine.search.candidates import Candidate
 from engine.search.history import best_incumbent_search, latest_incumbent_search, load_search_history, stream_of
@@ -255,7 +255,6 @@ class SearchActivities:
         lessons = await lessons_for(
             self.store, problem.name, request.target, parameters=set(problem.template_params) or None
         )
-        own_events = await self.store.read_stream(stream_of(request.search_id))
         context = ProposalContext(
             search_id=request.search_id,
             problem=request.spec.problem,
@@ -272,7 +271,7 @@ class SearchActivities:
             lessons_summary=lessons.summary,
             models=request.spec.proposer.models,
             incumbent_evidence=request.incumbent_evidence,
-            recent_failures=recent_failures_from_events(own_events),
+            recent_failures=await read_recent_failures(self.store, stream_of(request.search_id)),
             llm_spent_usd=request.llm_spent_usd,
             llm_budget_usd=request.spec.budget.max_llm_usd,
         )

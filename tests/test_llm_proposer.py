@@ -17,7 +17,8 @@ import pytest
 from scripted_llm_server import ScriptedLLMServer, chat, error, rate_limited, slow
 
 from engine.errors import ConfigurationError, UserError
-from engine.evidence.events import RecordedEvent
+from engine.evidence.events import NewEvent, RecordedEvent
+from engine.evidence.store import EventStore
 from engine.llm_budget import BudgetExhausted, LLMBudget
 from engine.problems import Problem, load_problem
 from engine.proposers import (
@@ -36,6 +37,7 @@ from engine.proposers.failures import (
     failure_from_compile,
     failure_from_rejected_reply,
     failure_from_validation,
+    read_recent_failures,
     recent_failures_from_events,
 )
 from engine.proposers.llm import plan_requests
@@ -552,12 +554,12 @@ def event(position: int, kind: str, payload: dict[str, Any]) -> RecordedEvent:
     )
 
 
-def test_recent_failures_are_read_from_the_event_log() -> None:
+def failure_log() -> list[tuple[str, dict[str, Any]]]:
+    """A search's stream with a compile error, a wrong result, a passing candidate and a rejected reply."""
     proposed = {"candidate_id": "a" * 64, "source": "int broken;", "label": "llm tuner"}
-    events = [
-        event(1, "candidate.proposed", {"generation": 1, "candidate": proposed}),
-        event(
-            2,
+    return [
+        ("candidate.proposed", {"generation": 1, "candidate": proposed}),
+        (
             "candidate.compiled",
             {
                 "generation": 1,
@@ -570,8 +572,7 @@ def test_recent_failures_are_read_from_the_event_log() -> None:
                 },
             },
         ),
-        event(
-            3,
+        (
             "candidate.validated",
             {
                 "generation": 1,
@@ -592,13 +593,16 @@ def test_recent_failures_are_read_from_the_event_log() -> None:
                 },
             },
         ),
-        event(4, "candidate.validated", {"candidate_id": "c" * 64, "output": {"verdict": "ok"}, "evidence": {}}),
-        event(
-            5,
+        ("candidate.validated", {"candidate_id": "c" * 64, "output": {"verdict": "ok"}, "evidence": {}}),
+        (
             "proposal.failed",
             {"reason": "no_code", "message": "no block", "role": "explorer", "model": MODEL, "reply_excerpt": "hm"},
         ),
     ]
+
+
+def test_recent_failures_are_read_from_the_event_log() -> None:
+    events = [event(n, kind, payload) for n, (kind, payload) in enumerate(failure_log(), start=1)]
     newest, wrong, broken = recent_failures_from_events(events)
     assert (newest.stage, newest.verdict, newest.label, newest.source) == (
         "proposal",
@@ -614,6 +618,34 @@ def test_recent_failures_are_read_from_the_event_log() -> None:
         "int broken;",
     )
     assert recent_failures_from_events(events, limit=1) == [newest]
+
+
+async def test_the_propose_step_reads_only_the_failures_it_needs_from_the_log(store: EventStore) -> None:
+    """The database picks the failures out of a long stream: the same failures, newest first, as decoding
+    the whole stream gives, among many passing candidates and a failure that was the harness's."""
+    log = failure_log()
+    ok_source = {"candidate_id": "", "source": "int fine;", "label": "fine"}
+    for n in range(40):
+        cid = f"{n:064d}"
+        log.insert(0, ("candidate.proposed", {"generation": 0, "candidate": {**ok_source, "candidate_id": cid}}))
+        log.insert(1, ("candidate.compiled", {"candidate_id": cid, "output": {"verdict": "ok"}, "evidence": {}}))
+    harness = {"candidate_id": "d" * 64, "output": {"verdict": "harness_error"}, "evidence": {}}
+    log.append(("candidate.proposed", {"generation": 2, "candidate": {**ok_source, "candidate_id": "d" * 64}}))
+    log.append(("candidate.benchmarked", harness))
+    await store.append(
+        "search-s", [NewEvent(event_id=f"e{n}", type=kind, payload=payload) for n, (kind, payload) in enumerate(log)]
+    )
+    await store.append("search-other", [NewEvent(event_id="x", type=failure_log()[1][0], payload=failure_log()[1][1])])
+    whole = recent_failures_from_events(await store.read_stream("search-s"))
+    assert [(f.stage, f.verdict) for f in whole] == [
+        ("proposal", "no_code"),
+        ("validate", "incorrect"),
+        ("compile", "compile_error"),
+    ]
+    assert await read_recent_failures(store, "search-s") == whole
+    assert await read_recent_failures(store, "search-s", limit=2) == whole[:2]
+    assert (await read_recent_failures(store, "search-s"))[-1].source == "int broken;"
+    assert await read_recent_failures(store, "search-none") == []
 
 
 def test_the_candidate_process_environment_holds_no_api_key(

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engine.evidence.events import RecordedEvent
+from engine.evidence.events import RECORDED_COLUMNS, RecordedEvent
+from engine.evidence.store import EventStore
 from engine.outages import is_kernel_outcome
 
 FailureStage = Literal["proposal", "compile", "validate", "benchmark"]
@@ -118,6 +119,30 @@ _STEP_STAGES: dict[str, FailureStage] = {
     "candidate.validated": "validate",
     "candidate.benchmarked": "benchmark",
 }
+
+
+_FAILURE_EVENTS = f"""
+WITH failed AS (
+    SELECT {RECORDED_COLUMNS} FROM events
+    WHERE stream_id = $1
+      AND (type = 'proposal.failed'
+           OR (type = ANY($2::text[]) AND COALESCE(payload -> 'output' ->> 'verdict', 'ok') <> 'ok'))
+)
+SELECT * FROM failed
+UNION ALL
+SELECT {RECORDED_COLUMNS} FROM events
+WHERE stream_id = $1 AND type = 'candidate.proposed'
+  AND payload -> 'candidate' ->> 'candidate_id' IN (SELECT payload ->> 'candidate_id' FROM failed)
+ORDER BY stream_version
+"""
+
+
+async def read_recent_failures(store: EventStore, stream_id: str, limit: int = 5) -> list[RecentFailure]:
+    """`recent_failures_from_events` of a search's stream, reading only what it uses: the failing outcomes,
+    the rejected replies and the failing candidates' proposals. The database picks them out, so a proposal
+    round does not decode every event of a long search (bench/search_overhead.py)."""
+    rows = await store.pool.fetch(_FAILURE_EVENTS, stream_id, list(_STEP_STAGES))
+    return recent_failures_from_events([RecordedEvent.from_row(row) for row in rows], limit)
 
 
 def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> list[RecentFailure]:
