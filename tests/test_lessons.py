@@ -17,6 +17,7 @@ from engine.evidence.lessons import FAMILY_MAX_WEIGHT, SUMMARY_LINES, lessons_fo
 from engine.evidence.lessons_projection import (
     BUSY_READING_HALFWIDTH,
     PROJECTION,
+    _Fold,
     apply_events,
     catch_up_lessons,
     rebuild_lessons,
@@ -64,6 +65,24 @@ async def test_incremental_catch_up_equals_rebuild_from_zero(store: EventStore) 
     # Once more from zero in one-event pages: still the same rows.
     await rebuild_lessons(store, page_size=1)
     assert await view_rows(store) == incremental
+
+
+async def test_a_catch_up_reads_only_the_candidates_its_events_name(store: EventStore) -> None:
+    """A long search catches up at every compile and validation: reading all its candidates each time made
+    that cost grow with the search (issue 12 item 8). A page reads the rows of the candidates it names."""
+    tried = await record_random_search(store, "s1", "softmax", seed=1, generations=4, per_generation=4)
+    await catch_up_lessons(store)
+    stored = await store.pool.fetchval("SELECT count(*) FROM lesson_candidates WHERE stream_id = 'search-s1'")
+    assert stored == len(tried) > 10
+    newest = [e for e in await store.read_stream("search-s1") if e.type == "candidate.benchmarked"][-1]
+    async with store.pool.acquire() as connection:
+        fold = _Fold(connection)
+        await fold.prefetch_candidates([newest])
+        assert set(fold.candidates) == {("search-s1", newest.payload["candidate_id"])}
+        assert fold.candidates[("search-s1", newest.payload["candidate_id"])] is not None
+        # A candidate nobody stored is looked up once and remembered as unknown.
+        assert await fold.stream_candidate("search-s1", "f" * 64) is None
+        assert ("search-s1", "f" * 64) in fold.candidates
 
 
 async def test_a_crash_between_view_and_checkpoint_changes_neither(store: EventStore) -> None:
