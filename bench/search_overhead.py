@@ -18,9 +18,11 @@ measured it. Figures:
   (each generation's overhead is its wall time, from one generation.completed to the next, minus its
   steps' engine_seconds);
 - lessons_ms_at_100k_events: ``lessons_for`` with that many events in the log (bench/lessons_scale.py).
-Pass 0 to skip either of the last two. The 1,000-candidate search takes about 45 minutes on a 2-core machine:
-each candidate of the trivial problem still costs about 2.5 s of engine work (compiling, validation in a
-fresh sandboxed worker, timing against numpy and the incumbent in workers of their own).
+Pass 0 to skip either of the last two. The 1,000-candidate search takes 20-45 minutes on a 2-core machine:
+each candidate of the trivial problem still costs 1.3-2.5 s of engine work (compiling, validation in a
+fresh sandboxed worker, timing against numpy and the incumbent in workers of their own), depending on the
+machine. Two costs that grew with the search are gone: each lessons catch-up read every candidate row of
+the search, and each proposal round decoded the search's whole event stream for its recent failures.
 """
 
 from __future__ import annotations
