@@ -146,7 +146,8 @@ async def read_recent_failures(store: EventStore, stream_id: str, limit: int = 5
 
 
 def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> list[RecentFailure]:
-    """The newest ``limit`` failures of a search's event stream (read with ``EventStore.read_stream``).
+    """The newest ``limit`` failures of a search's event stream (all of it, or the part `read_recent_failures`
+    selects: the same failures either way).
 
     Reads `candidate.proposed` for sources, the step outcomes (`candidate.compiled`, `…validated`,
     `…benchmarked`) for compile errors and failing cases, and `proposal.failed` for rejected replies
