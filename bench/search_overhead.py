@@ -16,7 +16,7 @@ measured it. Figures:
   continues as new when Temporal suggests it), overhead per candidate over its last 100 candidates, next
   to ``overhead_ms_first_100``: flat means the state and history a long search carries cost nothing extra
   (each generation's overhead is its wall time, from one generation.completed to the next, minus its
-  steps' engine_seconds);
+  steps' engine_seconds); ``scale_search.overhead_ms_by_tenth`` is the whole curve, tenth by tenth;
 - lessons_ms_at_100k_events: ``lessons_for`` with that many events in the log (bench/lessons_scale.py).
 Pass 0 to skip either of the last two. The 1,000-candidate search takes 20-45 minutes on a 2-core machine:
 each candidate of the trivial problem still costs 1.3-2.5 s of engine work (compiling, validation in a
@@ -99,9 +99,14 @@ async def scale(client: Client, store: EventStore, candidates: int) -> dict[str,
     search_id, result, wall = await run_search(client, store, spec)
     rows = await per_generation_overhead(store, search_id)
     tenth = max(1, len(rows) // 10)
+    generations = rows[1:]  # generation 0 is the seed alone
     return {
-        "overhead_ms_first_100": overhead_ms(rows[1 : 1 + tenth]),  # generation 0 is the seed alone
+        "overhead_ms_first_100": overhead_ms(generations[:tenth]),
         "overhead_ms_at_1000": overhead_ms(rows[-tenth:]),
+        # The whole curve, so a rise (or one slow continue-as-new) shows where it happens.
+        "overhead_ms_by_tenth": [
+            overhead_ms(generations[i : i + tenth]) for i in range(0, len(generations) - tenth + 1, tenth)
+        ],
         "candidates": result.candidates_done,
         "generations": len(rows),
         "wall_s": wall,
@@ -171,6 +176,8 @@ if __name__ == "__main__":
                 f"{figures['overhead_ms_at_1000']:.1f} ms per candidate over its last tenth, "
                 f"{figures['overhead_ms_first_100']:.1f} ms over its first"
             )
+            tenths = figures["scale_search"]["overhead_ms_by_tenth"]
+            print("  by tenth of the search (ms per candidate): " + " ".join(f"{t:.1f}" for t in tenths))
         if figures["lessons"]:
             print(
                 f"lessons_for with {figures['lessons']['events']} events: {figures['lessons_ms_at_100k_events']:.1f} ms"
