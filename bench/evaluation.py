@@ -87,7 +87,9 @@ from engine.proposers.random_template import template_space
 # roofline above ROWS 1 and 2 by shape; PF 4096 up to 0.14 above 1024). softmax's was found again after its
 # template gained the three-stage pipeline (PIPE 2) and ROWS: timed in one benchmark against the old best (PIPE 1,
 # UNROLL 4), PIPE 2 ROWS 2 UNROLL 1 read 1.16x [1.13, 1.18] (1.09 / 1.23 / 1.16 by shape), UNROLL 2 1.12x-1.13x
-# twice, ROWS 1 1.02x-1.03x, ROWS 4 0.98x. l2norm and add_rmsnorm take rmsnorm's
+# twice, ROWS 1 1.02x-1.03x, ROWS 4 0.98x. SPLIT 1 (a block's rows from two halves of the matrix: two read streams
+# and two write streams instead of one) was timed against SPLIT 0 with kf evaluate on a Xeon with AVX-512
+# (Sapphire Rapids, shared VM): 1.14x [1.10, 1.18] (1.19x / 1.04x / 1.19x by shape); with ROWS 4 1.11x. l2norm and add_rmsnorm take rmsnorm's
 # setting (their knobs are its, meaning the same): against one knob changed at a time and 6 random settings it was
 # the fastest within noise (3.05x and 2.8x numpy; NT=0 1.7x and 2.1x). SHORT 1 (short rows one at a time) was
 # added to the three on an AMD EPYC with AVX-512, in three interleaved runs against the streaming copy: on 8192x128
@@ -145,6 +147,7 @@ BEST_KNOWN: dict[str, dict[str, Any]] = {
         "ALIGN": 1,
         "PIPE": 2,
         "ROWS": 2,
+        "SPLIT": 1,
     },
     "bias_gelu": {
         "VEC": 512,

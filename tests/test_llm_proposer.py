@@ -463,7 +463,7 @@ def test_the_prompt_holds_problem_incumbent_evidence_failures_lessons_and_hints(
     incumbent = Candidate.create(
         softmax.render_template(
             {"VEC": 256, "ONLINE": 1, "UNROLL": 4, "EXP": 5, "SIMD": 1, "FUSED": 1, "KEEP": 0, "NT": 0, "PF": 0}
-            | {"ALIGN": 0, "PIPE": 0, "ROWS": 1}
+            | {"ALIGN": 0, "PIPE": 0, "ROWS": 1, "SPLIT": 0}
         ),
         None,
         label="template X",

@@ -51,6 +51,8 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "PIPE": [0, 1, 2],
     # Rows per block of the PIPE 2 pipeline (named as in rmsnorm's template, whose ROWS interleaves rows too).
     "ROWS": [1, 2, 4, 8],
+    # A PIPE 2 block's rows adjacent (0) or each from its own part of the matrix (1): memory streams in flight.
+    "SPLIT": [0, 1],
 }
 
 
@@ -79,7 +81,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     width (VEC > 0); the scratch row replaces storing into y (KEEP with FUSED 0); the pipelined loop pairs a
     separate max pass with a final pass that does not read y (PIPE: VEC > 0, ONLINE 0, FUSED 0); the
     three-stage pipeline keeps its exponentials in scratch rows (PIPE 2 with KEEP 1), and only it blocks rows
-    (ROWS > 1 with PIPE 2)."""
+    (ROWS > 1 with PIPE 2), and only a block of several rows can take them from parts of the matrix (SPLIT 1
+    with ROWS > 1)."""
     vec = params["VEC"]
     if params["SIMD"] and vec != 0:
         return False
@@ -92,6 +95,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     if params["PIPE"] == 2 and not params["KEEP"]:
         return False
     if params["ROWS"] != 1 and params["PIPE"] != 2:
+        return False
+    if params["SPLIT"] and params["ROWS"] == 1:
         return False
     return not (params["PIPE"] and (vec == 0 or params["ONLINE"] or params["FUSED"]))
 

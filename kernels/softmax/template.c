@@ -28,6 +28,10 @@
  *           exponentials and sums, block k - 1's writes, so the exp's arithmetic overlaps memory too (KEEP
  *           1 as well: two blocks of scratch rows); 0: each row is reduced, then written
  *   ROWS    rows per block of the PIPE 2 pipeline, whose streams are in flight together (1 otherwise)
+ *   SPLIT   0: a PIPE 2 block is ROWS adjacent rows; 1: its rows are rows / ROWS apart (the matrix is split into
+ *           ROWS parts walked together, left-over rows last), so a block's rows are ROWS memory streams of
+ *           their own rather than one stream split at row ends: one core's bandwidth grows with the streams
+ *           in flight (the streaming copy of engine/harness/stream_copy.py walks 4)
  */
 #include <math.h>
 #include <stdint.h>
@@ -49,6 +53,7 @@
 #define ALIGN {{ALIGN}}
 #define PIPE {{PIPE}}
 #define ROWS {{ROWS}}
+#define SPLIT {{SPLIT}}
 /* Without AVX-512, GCC lowers a comparison of two 512-bit vectors lane by lane (scalar compares and moves
  * through memory): VEC 512 ran 4-5x slower than VEC 256 on an AVX2 machine. There it means two 256-bit vectors
  * per step instead of one 512-bit one, the same work in the machine's own registers: UNROLL doubles, so a step
@@ -350,33 +355,56 @@ static float max_and_write(const float *restrict xn, const float *restrict xr, c
 #endif
 
 #if PIPE == 2
+/* Block k of the pipeline: its row count, its first row (*first) and the floats between its rows (*apart). With
+ * SPLIT the first rows / ROWS blocks take one row from each of ROWS equal parts of the matrix, and a last block
+ * the rows left over; without, block k is rows k ROWS .. k ROWS + ROWS - 1 (the last one possibly short). */
+static inline int kf_block(int64_t k, int64_t rows, int64_t cols, int64_t *first, int64_t *apart) {
+#if SPLIT
+    const int64_t parts = rows / ROWS; /* rows in each part */
+    if (k < parts) {
+        *first = k;
+        *apart = parts * cols;
+        return ROWS;
+    }
+    *first = parts * ROWS;
+    *apart = cols;
+    return (int)(rows - parts * ROWS);
+#else
+    *first = k * ROWS;
+    *apart = cols;
+    return (int)(rows - k * ROWS < ROWS ? rows - k * ROWS : ROWS);
+#endif
+}
+
 /* The three-stage pipeline over blocks of ROWS rows: in one loop over the columns, the max of each row of
  * block k + 1 (streamed from memory), the exponentials of block k (its rows read again, from cache) into
  * the scratch rows `cur` with their sums, and block k - 1 written to y from its scratch rows `prev`. Reads,
  * writes and the exp's arithmetic overlap in the core instead of taking turns, and ROWS rows' streams are
  * in flight at once. nn, nc and np are the rows of the three blocks (0 where there is none); the rows of a
- * block are `cols` floats apart in x and y and `stride` floats apart in the scratch rows. With `aligned`
+ * block are sn, sc and sp floats apart in x and y (`cols` for adjacent rows) and `stride` floats apart in the
+ * scratch rows. With `aligned`
  * (every row of y starts at the same offset from a vector boundary) the loop starts at y's aligned head and
  * may stream its stores. */
 static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int np, int aligned,
                                                            const float *restrict xn, const float *restrict xc,
                                                            float *restrict cur, const float *restrict prev,
                                                            float *restrict yp, int64_t cols, int64_t stride,
-                                                           const float *m, const float *f, float *mn, float *s) {
+                                                           int64_t sn, int64_t sc, int64_t sp, const float *m,
+                                                           const float *f, float *mn, float *s) {
     const int64_t h = aligned ? kf_head(yp, cols) : 0;
     float mx[ROWS], sm[ROWS];
 /* One column of the three stages in scalar code: the head before y's aligned start, and the tail. */
 #define KF_STAGE_COLUMN(i)                                                                                    \
     do {                                                                                                      \
-        for (int j = 0; j < nn; j++) mx[j] = xn[j * cols + (i)] > mx[j] ? xn[j * cols + (i)] : mx[j];         \
+        for (int j = 0; j < nn; j++) mx[j] = xn[j * sn + (i)] > mx[j] ? xn[j * sn + (i)] : mx[j];         \
         for (int j = 0; j < nc; j++) {                                                                        \
-            const float v_ = KF_EXP1(xc[j * cols + (i)] - m[j]);                                              \
+            const float v_ = KF_EXP1(xc[j * sc + (i)] - m[j]);                                              \
             cur[j * stride + (i)] = v_;                                                                       \
             sm[j] += v_;                                                                                      \
         }                                                                                                     \
-        for (int j = 0; j < np; j++) yp[j * cols + (i)] = prev[j * stride + (i)] * f[j];                      \
+        for (int j = 0; j < np; j++) yp[j * sp + (i)] = prev[j * stride + (i)] * f[j];                      \
     } while (0)
-    for (int j = 0; j < nn; j++) mx[j] = xn[j * cols];
+    for (int j = 0; j < nn; j++) mx[j] = xn[j * sn];
     for (int j = 0; j < nc; j++) sm[j] = 0.0f;
     for (int64_t i = 0; i < h; i++) KF_STAGE_COLUMN(i);
     /* The rows' maxes and factors are splat where they are used, not kept in registers: with 8 rows, two
@@ -389,24 +417,24 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
     int64_t c = h;
 #define KF_STAGE_STEP(k, W)                                                                                   \
     do {                                                                                                      \
-        for (int j = 0; j < nn; j++) am[j] = kf_max(am[j], KF_LOAD(xn + j * cols + (k)));                     \
+        for (int j = 0; j < nn; j++) am[j] = kf_max(am[j], KF_LOAD(xn + j * sn + (k)));                     \
         for (int j = 0; j < nc; j++) {                                                                        \
-            const kf_v v_ = kf_exp(KF_LOAD(xc + j * cols + (k)) - KF_SPLAT(m[j]));                               \
+            const kf_v v_ = kf_exp(KF_LOAD(xc + j * sc + (k)) - KF_SPLAT(m[j]));                               \
             KF_STORE(cur + j * stride + (k), v_);                                                             \
             as[j] += v_;                                                                                      \
         }                                                                                                     \
-        for (int j = 0; j < np; j++) W(yp + j * cols + (k), KF_LOAD(prev + j * stride + (k)) * KF_SPLAT(f[j])); \
+        for (int j = 0; j < np; j++) W(yp + j * sp + (k), KF_LOAD(prev + j * stride + (k)) * KF_SPLAT(f[j])); \
     } while (0)
     if (aligned) {
         for (; c + STEP <= cols; c += STEP) {
-            for (int j = 0; j < nn; j++) KF_PREFETCH_STEP(xn + j * cols + c);
+            for (int j = 0; j < nn; j++) KF_PREFETCH_STEP(xn + j * sn + c);
             for (int u = 0; u < UNROLL; u++) KF_STAGE_STEP(c + u * LANES, KF_PUT);
         }
         /* Short rows end in whole vectors too: a scalar exp costs as much as a vector one. */
         for (; c + LANES <= cols; c += LANES) KF_STAGE_STEP(c, KF_PUT);
     } else {
         for (; c + STEP <= cols; c += STEP) {
-            for (int j = 0; j < nn; j++) KF_PREFETCH_STEP(xn + j * cols + c);
+            for (int j = 0; j < nn; j++) KF_PREFETCH_STEP(xn + j * sn + c);
             for (int u = 0; u < UNROLL; u++) KF_STAGE_STEP(c + u * LANES, KF_STORE);
         }
         for (; c + LANES <= cols; c += LANES) KF_STAGE_STEP(c, KF_STORE);
@@ -451,25 +479,32 @@ void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
         return; /* out of memory: y stays unwritten and the harness says incorrect */
     }
     const int aligned = (cols % LANES) == 0;
+#if SPLIT
+    const int64_t blocks = rows / ROWS + (rows % ROWS != 0);
+#else
     const int64_t blocks = (rows + ROWS - 1) / ROWS;
+#endif
     float m_cur[ROWS], m_next[ROWS], f_prev[ROWS], sums[ROWS];
     for (int64_t k = -1; k <= blocks; k++) {
-        const int nn = k + 1 < blocks ? (int)(rows - (k + 1) * ROWS < ROWS ? rows - (k + 1) * ROWS : ROWS) : 0;
-        const int nc = k >= 0 && k < blocks ? (int)(rows - k * ROWS < ROWS ? rows - k * ROWS : ROWS) : 0;
-        const int np = k >= 1 ? ROWS : 0; /* only the last block can be short, and it is never "previous" */
-        /* A block that is not there points at block 0 (never read or written: its row count is 0). */
-        const float *xn = x + (nn ? k + 1 : 0) * ROWS * cols, *xc = x + (nc ? k : 0) * ROWS * cols;
+        /* The three blocks' first rows, distances between their rows (in floats) and row counts; a block that
+         * is not there has no rows and points at row 0 (never read or written). */
+        int64_t on = 0, oc = 0, op = 0, sn = cols, sc = cols, sp = cols;
+        const int nn = k + 1 < blocks ? kf_block(k + 1, rows, cols, &on, &sn) : 0;
+        const int nc = k >= 0 && k < blocks ? kf_block(k, rows, cols, &oc, &sc) : 0;
+        const int np = k >= 1 ? kf_block(k - 1, rows, cols, &op, &sp) : 0;
+        const float *xn = x + on * cols, *xc = x + oc * cols;
         float *cur = pair + ((k + 2) & 1) * ROWS * stride, *prev = pair + ((k + 1) & 1) * ROWS * stride;
-        float *yp = y + (k >= 1 ? k - 1 : 0) * ROWS * cols;
+        float *yp = y + op * cols;
         if (k == blocks) { /* the last block: written alone */
-            const int nl = (int)(rows - (blocks - 1) * ROWS);
-            for (int j = 0; j < nl; j++) write_range(x, prev + j * stride, yp + j * cols, 0, cols, 0.0f, f_prev[j]);
+            for (int j = 0; j < np; j++) write_range(x, prev + j * stride, yp + j * sp, 0, cols, 0.0f, f_prev[j]);
             break;
         }
         if (nn == ROWS && nc == ROWS && np == ROWS && aligned)
-            kf_stage(ROWS, ROWS, ROWS, 1, xn, xc, cur, prev, yp, cols, stride, m_cur, f_prev, m_next, sums);
+            kf_stage(ROWS, ROWS, ROWS, 1, xn, xc, cur, prev, yp, cols, stride, sn, sc, sp, m_cur, f_prev, m_next,
+                     sums);
         else
-            kf_stage(nn, nc, np, aligned, xn, xc, cur, prev, yp, cols, stride, m_cur, f_prev, m_next, sums);
+            kf_stage(nn, nc, np, aligned, xn, xc, cur, prev, yp, cols, stride, sn, sc, sp, m_cur, f_prev, m_next,
+                     sums);
         for (int j = 0; j < nc; j++) f_prev[j] = 1.0f / sums[j];
         for (int j = 0; j < nn; j++) m_cur[j] = m_next[j];
     }
