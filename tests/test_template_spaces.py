@@ -44,10 +44,13 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
         {**_SOFTMAX_PIPE, "VEC": 256, "ROWS": 8, "UNROLL": 1, "ALIGN": 1, "NT": 1, "SPLIT": 1},
     ],
     # Short rows (at most 256 columns: the validation shapes' 1, 7 and 129) in blocks of SHORT rows, long ones in
-    # blocks of ROWS, pipelined and not.
+    # blocks of ROWS, pipelined and not, of adjacent rows and of rows from parts of the matrix (SPLIT).
     "rmsnorm": [
-        {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1},
-        {**_ROW_PIPE, "PFL": 2, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PF": 1024, "PIPE": 0},
+        {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1, "SPLIT": 0},
+        {**_ROW_PIPE, "PFL": 2, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PF": 1024, "PIPE": 0, "SPLIT": 0},
+        # Blocks of rows from parts of the matrix: 37 rows in 4 parts of 9 and one left over, 3 rows all left over.
+        {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
+        {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
     ],
     "l2norm": [{**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1}],
     "add_rmsnorm": [{**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 2}],

@@ -55,6 +55,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     # Rows per block for short rows (at most 256 columns); 0: ROWS for every row. Named as in l2norm's and
     # add_rmsnorm's templates, so lessons transfer within the row-reduction family.
     "SHORT": [0, 1, 2],
+    # A block's rows adjacent (0) or each from its own part of the matrix (1): memory streams in flight. Named as in
+    # softmax's, l2norm's and add_rmsnorm's templates.
+    "SPLIT": [0, 1],
 }
 EPS = 1e-6
 # The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long.
@@ -82,7 +85,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     for the plain-C path with one accumulator and one row; streaming stores need explicit vectors and an
     aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a vector width (VEC > 0); the prefetch level means
     nothing without a prefetch; at most 16 accumulators in flight (ROWS x ACC), the registers there are; short
-    rows in smaller blocks than ROWS (SHORT < ROWS: SHORT = ROWS is SHORT = 0)."""
+    rows in smaller blocks than ROWS (SHORT < ROWS: SHORT = ROWS is SHORT = 0); rows from parts of the matrix
+    need blocks of several rows (SPLIT with ROWS > 1)."""
     vec, simd = params["VEC"], params["SIMD"]
     if simd and (vec != 0 or params["ACC"] != 1 or params["ROWS"] != 1):
         return False
@@ -95,6 +99,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     if params["PIPE"] and (vec == 0 or params["FUSED"]):
         return False
     if params["SHORT"] and params["SHORT"] >= params["ROWS"]:
+        return False
+    if params["SPLIT"] and params["ROWS"] == 1:
         return False
     return bool(params["ROWS"] * params["ACC"] <= 16)
 
