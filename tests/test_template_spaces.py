@@ -52,8 +52,16 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
         {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
         {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
     ],
-    "l2norm": [{**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1}],
-    "add_rmsnorm": [{**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 2}],
+    "l2norm": [
+        {**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1, "SPLIT": 0},
+        {**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
+        {**_ROW_PIPE, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
+    ],
+    "add_rmsnorm": [
+        {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 2, "SPLIT": 0},
+        {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
+        {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
+    ],
 }
 
 

@@ -27,6 +27,8 @@
  *          stream together; 0: each block is reduced, then written. Needs VEC > 0 and FUSED 0
  *   SHORT  rows per block (fewer than ROWS) for rows of at most SHORT_COLS (256) columns; 0: ROWS for every
  *          row (as in kernels/rmsnorm/template.c: many streams pay off on long rows, one on short ones)
+ *   SPLIT  0: a block's rows are adjacent; 1: they are rows / R apart (the matrix is split into R parts walked
+ *          together, left-over rows last), so a block of short rows is R memory streams rather than one
  */
 #include <math.h>
 #include <stdint.h>
@@ -45,6 +47,7 @@
 #define ALIGN {{ALIGN}}
 #define PIPE {{PIPE}}
 #define SHORT {{SHORT}}
+#define SPLIT {{SPLIT}}
 /* A row this short is reduced and written in blocks of SHORT rows (if SHORT > 0) instead of ROWS. */
 #define SHORT_COLS 256
 
@@ -200,27 +203,29 @@ static inline float add_sum_squares_scalar(const float *restrict xr, const float
 }
 
 /* The common length of R rows' vector loops, each from its own head (a multiple of STEP). */
-static inline __attribute__((always_inline)) int64_t kf_body(const float *base, int64_t cols, int64_t *head,
-                                                             const int R) {
+static inline __attribute__((always_inline)) int64_t kf_body(const float *base, int64_t cols, int64_t rs,
+                                                             int64_t *head, const int R) {
     int64_t body = cols;
     for (int i = 0; i < R; i++) {
-        head[i] = kf_head(base + i * cols, cols);
+        head[i] = kf_head(base + i * rs, cols);
         body = cols - head[i] < body ? cols - head[i] : body;
     }
     return body / STEP * STEP;
 }
 
-/* h = x + residual for R rows and their sums of squares into ss, the rows' loops interleaved; FUSED also
- * stores h * w into y. Inlined with R a constant, so the arrays of accumulators live in registers. */
+/* h = x + residual for R rows (rs floats apart in every array) and their sums of squares into ss, the rows'
+ * loops interleaved; FUSED also stores h * w into y. Inlined with R a constant, so the arrays of accumulators
+ * live in registers. */
 static inline __attribute__((always_inline)) void reduce_rows(const float *restrict x, const float *restrict res,
                                                               const float *restrict w, float *restrict h,
-                                                              float *restrict y, int64_t cols, float *ss,
-                                                              const int R) {
+                                                              float *restrict y, int64_t cols, int64_t rs,
+                                                              float *ss, const int R) {
     int64_t head[ROWS];
 #if VEC == 0 && SIMD
     /* one accumulator, one row (template_allows): the compiler's own vector reduction */
     (void)head;
     (void)R;
+    (void)rs;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t c = 0; c < cols; c++) {
@@ -235,7 +240,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
     }
     ss[0] = s;
 #else
-    const int64_t body = kf_body(h, cols, head, R);
+    const int64_t body = kf_body(h, cols, rs, head, R);
     kf_v acc[ROWS][ACC];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -244,7 +249,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
     for (int64_t c = 0; c < body; c += STEP) {
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            const int64_t o = i * cols + head[i] + c;
+            const int64_t o = i * rs + head[i] + c;
             /* one prefetch per 64-byte line this step covers, of each input */
 #pragma GCC unroll 16
             for (int l = 0; l < (STEP * 4 + 63) / 64; l++) {
@@ -267,7 +272,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
         kf_v t = acc[i][0];
 #pragma GCC unroll 16
         for (int a = 1; a < ACC; a++) t += acc[i][a];
-        const int64_t o = i * cols;
+        const int64_t o = i * rs;
         ss[i] = kf_hsum(t) + add_sum_squares_scalar(x + o, res + o, w, h + o, y + o, 0, head[i]) +
                 add_sum_squares_scalar(x + o, res + o, w, h + o, y + o, head[i] + body, cols);
     }
@@ -276,25 +281,26 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
 
 #if PIPE
 /* One pipelined step: h = xn + rn for R rows and their sums of squares into ss (reading memory) while the R
- * rows hp, whose inverse norms are inv, are written to yp (from cache). Both run at the same column, from the
- * heads that align yp's rows (the other rows are loaded and stored unaligned where they are aligned otherwise). */
+ * rows hp, whose inverse norms are inv, are written to yp (from cache); a block's rows are rs floats apart. Both
+ * run at the same column, from the heads that align yp's rows (the other rows are loaded and stored unaligned
+ * where they are aligned otherwise). */
 static inline __attribute__((always_inline)) void reduce_and_write(const float *restrict xn, const float *restrict rn,
                                                                    float *restrict hn, const float *restrict hp,
                                                                    const float *restrict xp, const float *restrict rp,
                                                                    const float *restrict w, float *restrict yp,
-                                                                   int64_t cols, const float *inv, float *ss,
-                                                                   const int R) {
+                                                                   int64_t cols, int64_t rs, const float *inv,
+                                                                   float *ss, const int R) {
     (void)hp;
     (void)xp;
     (void)rp;
     int64_t head[ROWS];
-    const int64_t body = kf_body(yp, cols, head, R);
+    const int64_t body = kf_body(yp, cols, rs, head, R);
     kf_v acc[ROWS][ACC], vinv[ROWS];
     /* the heads align y's rows; h's rows align with them when the two arrays are equally misaligned */
     int h_aligned[ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        h_aligned[i] = (uintptr_t)(hn + i * cols + head[i]) % KF_ALIGN_BYTES == 0;
+        h_aligned[i] = (uintptr_t)(hn + i * rs + head[i]) % KF_ALIGN_BYTES == 0;
         vinv[i] = (kf_v){0} + inv[i];
 #pragma GCC unroll 16
         for (int a = 0; a < ACC; a++) acc[i][a] = (kf_v){0};
@@ -302,7 +308,7 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
     for (int64_t c = 0; c < body; c += STEP) {
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            const int64_t o = i * cols + head[i] + c;
+            const int64_t o = i * rs + head[i] + c;
 #pragma GCC unroll 16
             for (int l = 0; l < (STEP * 4 + 63) / 64; l++) {
                 KF_PREFETCH(xn + o + l * 16);
@@ -323,7 +329,7 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
         kf_v t = acc[i][0];
 #pragma GCC unroll 16
         for (int a = 1; a < ACC; a++) t += acc[i][a];
-        const int64_t o = i * cols;
+        const int64_t o = i * rs;
         float s = kf_hsum(t);
         for (int64_t c = 0; c < head[i]; c++) {
             const float v = xn[o + c] + rn[o + c];
@@ -342,46 +348,50 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
 }
 #endif
 
-/* Every row, in blocks of R rows (a constant where inlined: SHORT or ROWS). */
+/* Every row, in blocks of R rows (a constant where inlined: SHORT or ROWS): rows / R blocks, then the rows left
+ * over one by one. Block b is rows b R .. b R + R - 1, or with SPLIT rows b, b + rows / R, b + 2 rows / R, ... */
 static inline __attribute__((always_inline)) void add_rmsnorm_blocks(const float *x, const float *residual,
                                                                      const float *w, float *h, float *y,
                                                                      int64_t rows, int64_t cols, float eps,
                                                                      const int R) {
     const float inv_cols = 1.0f / (float)cols;
     float ss[ROWS], inv[ROWS];
-    int64_t r = 0;
+    const int64_t blocks = rows / R;
+#if SPLIT
+    const int64_t rs = blocks * cols, bs = cols; /* floats between a block's rows, and between blocks */
+#else
+    const int64_t rs = cols, bs = R * cols;
+#endif
 #if PIPE
     /* Block 0 is only reduced, each later block is reduced while its predecessor is written, the last block
-     * is only written; the rows after the last whole block go one by one below. */
-    const int64_t blocks = rows / R;
+     * is only written. */
     if (blocks > 0) {
-        reduce_rows(x, residual, w, h, y, cols, ss, R);
+        reduce_rows(x, residual, w, h, y, cols, rs, ss, R);
         for (int64_t b = 1; b < blocks; b++) {
             for (int i = 0; i < R; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
-            const int64_t p = (b - 1) * R * cols, n = p + R * cols;
-            reduce_and_write(x + n, residual + n, h + n, h + p, x + p, residual + p, w, y + p, cols, inv, ss, R);
+            const int64_t p = (b - 1) * bs, n = p + bs;
+            reduce_and_write(x + n, residual + n, h + n, h + p, x + p, residual + p, w, y + p, cols, rs, inv, ss, R);
         }
-        const int64_t p = (blocks - 1) * R * cols;
+        const int64_t p = (blocks - 1) * bs;
         for (int i = 0; i < R; i++) {
-            const int64_t o = p + i * cols;
+            const int64_t o = p + i * rs;
             scale_row(h + o, x + o, residual + o, w, y + o, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
         }
-        r = blocks * R;
     }
 #else
-    for (; r + R <= rows; r += R) {
-        const int64_t o = r * cols;
-        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, R);
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t o = b * bs;
+        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, rs, ss, R);
         for (int i = 0; i < R; i++) inv[i] = 1.0f / sqrtf(ss[i] * inv_cols + eps);
         for (int i = 0; i < R; i++) {
-            const int64_t q = o + i * cols;
+            const int64_t q = o + i * rs;
             scale_row(h + q, x + q, residual + q, w, y + q, cols, inv[i]);
         }
     }
 #endif
-    for (; r < rows; r++) {
+    for (int64_t r = blocks * R; r < rows; r++) {
         const int64_t o = r * cols;
-        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, ss, 1);
+        reduce_rows(x + o, residual + o, w, h + o, y + o, cols, cols, ss, 1);
         scale_row(h + o, x + o, residual + o, w, y + o, cols, 1.0f / sqrtf(ss[0] * inv_cols + eps));
     }
 }

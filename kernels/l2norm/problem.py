@@ -63,6 +63,8 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "PIPE": [0, 1],
     # Rows per block for short rows (at most 256 columns); 0: ROWS for every row (as in rmsnorm's template).
     "SHORT": [0, 1, 2],
+    # A block's rows adjacent (0) or each from its own part of the matrix (1), as in rmsnorm's template.
+    "SPLIT": [0, 1],
 }
 EPS = 1e-12
 
@@ -84,6 +86,8 @@ def template_allows(params: dict[str, Any]) -> bool:
         return False
     if params["SHORT"] and params["SHORT"] >= params["ROWS"]:
         return False  # short rows go in smaller blocks than ROWS, or in blocks of ROWS (SHORT 0)
+    if params["SPLIT"] and params["ROWS"] == 1:
+        return False  # rows from parts of the matrix need blocks of several rows
     return bool(params["ROWS"] * params["ACC"] <= 16)
 
 

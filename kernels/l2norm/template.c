@@ -22,6 +22,8 @@
  *          FUSED 0
  *   SHORT  rows per block (fewer than ROWS) for rows of at most SHORT_COLS (256) columns; 0: ROWS for every
  *          row (as in kernels/rmsnorm/template.c: many streams pay off on long rows, one on short ones)
+ *   SPLIT  0: a block's rows are adjacent; 1: they are rows / R apart (the matrix is split into R parts walked
+ *          together, left-over rows last), so a block of short rows is R memory streams rather than one
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +41,7 @@
 #define ALIGN {{ALIGN}}
 #define PIPE {{PIPE}}
 #define SHORT {{SHORT}}
+#define SPLIT {{SPLIT}}
 /* A row this short is reduced and written in blocks of SHORT rows (if SHORT > 0) instead of ROWS. */
 #define SHORT_COLS 256
 
@@ -166,25 +169,26 @@ static inline float sum_squares_scalar(const float *restrict xr, float *restrict
 }
 
 /* The common length of R rows' vector loops, each from its own head (a multiple of STEP). */
-static inline __attribute__((always_inline)) int64_t kf_body(const float *base, int64_t cols, int64_t *head,
-                                                             const int R) {
+static inline __attribute__((always_inline)) int64_t kf_body(const float *base, int64_t cols, int64_t rs,
+                                                             int64_t *head, const int R) {
     int64_t body = cols;
     for (int i = 0; i < R; i++) {
-        head[i] = kf_head(base + i * cols, cols);
+        head[i] = kf_head(base + i * rs, cols);
         body = cols - head[i] < body ? cols - head[i] : body;
     }
     return body / STEP * STEP;
 }
 
-/* Sums of squares of R rows of x into ss, their loops interleaved (R streams); FUSED also copies x into y.
- * Inlined with R a constant, so the arrays of accumulators live in registers. */
+/* Sums of squares of R rows of x (rs floats apart in x and y) into ss, their loops interleaved (R streams); FUSED
+ * also copies x into y. Inlined with R a constant, so the arrays of accumulators live in registers. */
 static inline __attribute__((always_inline)) void reduce_rows(const float *restrict x, float *restrict y,
-                                                              int64_t cols, float *ss, const int R) {
+                                                              int64_t cols, int64_t rs, float *ss, const int R) {
     int64_t head[ROWS];
 #if VEC == 0 && SIMD
     /* one accumulator, one row (template_allows): the compiler's own vector reduction */
     (void)head;
     (void)R;
+    (void)rs;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t c = 0; c < cols; c++) {
@@ -196,7 +200,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
     }
     ss[0] = s;
 #else
-    const int64_t body = kf_body(x, cols, head, R);
+    const int64_t body = kf_body(x, cols, rs, head, R);
     kf_v acc[ROWS][ACC];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -205,7 +209,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
     for (int64_t c = 0; c < body; c += STEP) {
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            const float *xc = x + i * cols + head[i] + c;
+            const float *xc = x + i * rs + head[i] + c;
             /* one prefetch per 64-byte line this step covers */
 #pragma GCC unroll 16
             for (int l = 0; l < (STEP * 4 + 63) / 64; l++) KF_PREFETCH(xc + l * 16);
@@ -214,7 +218,7 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
                 const kf_v v = KF_LOAD(xc + a * LANES);
                 acc[i][a] += v * v;
 #if FUSED
-                KF_STORE(y + i * cols + head[i] + c + a * LANES, v);
+                KF_STORE(y + i * rs + head[i] + c + a * LANES, v);
 #endif
             }
         }
@@ -224,21 +228,21 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
         kf_v t = acc[i][0];
 #pragma GCC unroll 16
         for (int a = 1; a < ACC; a++) t += acc[i][a];
-        ss[i] = kf_hsum(t) + sum_squares_scalar(x + i * cols, y + i * cols, 0, head[i]) +
-                sum_squares_scalar(x + i * cols, y + i * cols, head[i] + body, cols);
+        ss[i] = kf_hsum(t) + sum_squares_scalar(x + i * rs, y + i * rs, 0, head[i]) +
+                sum_squares_scalar(x + i * rs, y + i * rs, head[i] + body, cols);
     }
 #endif
 }
 
 #if PIPE
 /* One pipelined step: the sums of squares of R rows xn into ss (reading memory) while the R rows xp, whose
- * inverse norms are inv, are written to yp (from cache). Both run at the same column, from the heads that
- * align yp's rows (xn is loaded unaligned where its rows are aligned otherwise). */
+ * inverse norms are inv, are written to yp (from cache); a block's rows are rs floats apart. Both run at the same
+ * column, from the heads that align yp's rows (xn is loaded unaligned where its rows are aligned otherwise). */
 static inline __attribute__((always_inline)) void reduce_and_write(const float *restrict xn, const float *restrict xp,
-                                                                   float *restrict yp, int64_t cols,
+                                                                   float *restrict yp, int64_t cols, int64_t rs,
                                                                    const float *inv, float *ss, const int R) {
     int64_t head[ROWS];
-    const int64_t body = kf_body(yp, cols, head, R);
+    const int64_t body = kf_body(yp, cols, rs, head, R);
     kf_v acc[ROWS][ACC], vinv[ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
@@ -249,7 +253,7 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
     for (int64_t c = 0; c < body; c += STEP) {
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            const int64_t o = i * cols + head[i] + c;
+            const int64_t o = i * rs + head[i] + c;
 #pragma GCC unroll 16
             for (int l = 0; l < (STEP * 4 + 63) / 64; l++) KF_PREFETCH(xn + o + l * 16);
 #pragma GCC unroll 16
@@ -265,8 +269,8 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
         kf_v t = acc[i][0];
 #pragma GCC unroll 16
         for (int a = 1; a < ACC; a++) t += acc[i][a];
-        const float *xr = xn + i * cols, *pr = xp + i * cols;
-        float *yr = yp + i * cols;
+        const float *xr = xn + i * rs, *pr = xp + i * rs;
+        float *yr = yp + i * rs;
         float s = kf_hsum(t);
         for (int64_t c = 0; c < head[i]; c++) {
             s += xr[c] * xr[c];
@@ -281,35 +285,40 @@ static inline __attribute__((always_inline)) void reduce_and_write(const float *
 }
 #endif
 
-/* Every row, in blocks of R rows (a constant where inlined: SHORT or ROWS). */
+/* Every row, in blocks of R rows (a constant where inlined: SHORT or ROWS): rows / R blocks, then the rows left
+ * over one by one. Block b is rows b R .. b R + R - 1, or with SPLIT rows b, b + rows / R, b + 2 rows / R, ... */
 static inline __attribute__((always_inline)) void l2norm_blocks(const float *x, float *y, int64_t rows,
                                                                 int64_t cols, float eps, const int R) {
     float ss[ROWS], inv[ROWS];
-    int64_t r = 0;
+    const int64_t blocks = rows / R;
+#if SPLIT
+    const int64_t rs = blocks * cols, bs = cols; /* floats between a block's rows, and between blocks */
+#else
+    const int64_t rs = cols, bs = R * cols;
+#endif
 #if PIPE
     /* Block 0 is only reduced, each later block is reduced while its predecessor is written, the last block
-     * is only written; the rows after the last whole block go one by one below. */
-    const int64_t blocks = rows / R;
+     * is only written. */
     if (blocks > 0) {
-        reduce_rows(x, y, cols, ss, R);
+        reduce_rows(x, y, cols, rs, ss, R);
         for (int64_t b = 1; b < blocks; b++) {
             for (int i = 0; i < R; i++) inv[i] = kf_inv_norm(ss[i], eps);
-            const int64_t p = (b - 1) * R * cols;
-            reduce_and_write(x + p + R * cols, x + p, y + p, cols, inv, ss, R);
+            const int64_t p = (b - 1) * bs;
+            reduce_and_write(x + p + bs, x + p, y + p, cols, rs, inv, ss, R);
         }
-        const int64_t p = (blocks - 1) * R * cols;
-        for (int i = 0; i < R; i++) scale_row(x + p + i * cols, y + p + i * cols, cols, kf_inv_norm(ss[i], eps));
-        r = blocks * R;
+        const int64_t p = (blocks - 1) * bs;
+        for (int i = 0; i < R; i++) scale_row(x + p + i * rs, y + p + i * rs, cols, kf_inv_norm(ss[i], eps));
     }
 #else
-    for (; r + R <= rows; r += R) {
-        reduce_rows(x + r * cols, y + r * cols, cols, ss, R);
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t p = b * bs;
+        reduce_rows(x + p, y + p, cols, rs, ss, R);
         for (int i = 0; i < R; i++) inv[i] = kf_inv_norm(ss[i], eps);
-        for (int i = 0; i < R; i++) scale_row(x + (r + i) * cols, y + (r + i) * cols, cols, inv[i]);
+        for (int i = 0; i < R; i++) scale_row(x + p + i * rs, y + p + i * rs, cols, inv[i]);
     }
 #endif
-    for (; r < rows; r++) {
-        reduce_rows(x + r * cols, y + r * cols, cols, ss, 1);
+    for (int64_t r = blocks * R; r < rows; r++) {
+        reduce_rows(x + r * cols, y + r * cols, cols, cols, ss, 1);
         scale_row(x + r * cols, y + r * cols, cols, kf_inv_norm(ss[0], eps));
     }
 }

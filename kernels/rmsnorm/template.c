@@ -239,8 +239,8 @@ static inline __attribute__((always_inline)) void reduce_rows(const float *restr
 
 #if PIPE
 /* One pipelined step: the sums of squares of R rows xn into ss (reading memory) while the R rows xp, whose
- * inverse norms are inv, are written to yp (from cache); a block's rows are rs floats apart. Both run at the same column, from the heads that
- * align yp's rows (xn is loaded unaligned where its rows are aligned otherwise). */
+ * inverse norms are inv, are written to yp (from cache); a block's rows are rs floats apart. Both run at the same
+ * column, from the heads that align yp's rows (xn is loaded unaligned where its rows are aligned otherwise). */
 static inline __attribute__((always_inline)) void reduce_and_write(const float *restrict xn, const float *restrict xp,
                                                                    const float *restrict w, float *restrict yp,
                                                                    int64_t cols, int64_t rs, const float *inv,
@@ -314,7 +314,8 @@ static inline __attribute__((always_inline)) void rmsnorm_blocks(const float *x,
             reduce_and_write(x + p + bs, x + p, w, y + p, cols, rs, inv, ss, R);
         }
         const int64_t p = (blocks - 1) * bs;
-        for (int i = 0; i < R; i++) scale_row(x + p + i * rs, w, y + p + i * rs, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
+        for (int i = 0; i < R; i++)
+            scale_row(x + p + i * rs, w, y + p + i * rs, cols, 1.0f / sqrtf(ss[i] * inv_cols + eps));
     }
 #else
     for (int64_t b = 0; b < blocks; b++) {
