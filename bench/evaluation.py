@@ -76,29 +76,31 @@ from engine.harness.verdicts import ShapeTiming, Verdict
 from engine.problems import Problem, builtin_problems, load_problem
 from engine.proposers.random_template import template_space
 
-# The fastest setting of each built-in CPU template found so far: for rmsnorm, softmax and bias_gelu by
-# interleaved timings of a few dozen hand-picked settings (one knob changed at a time from a streaming
-# baseline) on the reference machine (1 thread, Xeon with AVX-512, 2 shared cores), where two-pass kernels
-# with streaming stores, rows pipelined (PIPE) and a few rows or vectors in flight won; for kda the chunked
-# form against the recurrence's best (1.0-1.3x faster by shape); for matmul a setting within the register
-# budget. `--sweep 6` (seed 0) kept every one of them; `--sweep N` checks them against N random settings.
-# bias_gelu's was found again after its template gained the piecewise erfc (ERF table) and ROWS: one knob changed
-# at a time from it, three benchmarks each, it was the fastest within noise (ROWS 4 and 8 alike, 0.05-0.2 of the
-# roofline above ROWS 1 and 2 by shape; PF 4096 up to 0.14 above 1024). softmax's was found again after its
-# template gained the three-stage pipeline (PIPE 2) and ROWS: timed in one benchmark against the old best (PIPE 1,
-# UNROLL 4), PIPE 2 ROWS 2 UNROLL 1 read 1.16x [1.13, 1.18] (1.09 / 1.23 / 1.16 by shape), UNROLL 2 1.12x-1.13x
-# twice, ROWS 1 1.02x-1.03x, ROWS 4 0.98x. SPLIT 1 (a block's rows from two halves of the matrix: two read streams
-# and two write streams instead of one) was timed against SPLIT 0 with kf evaluate on a Xeon with AVX-512
-# (Sapphire Rapids, shared VM): 1.14x [1.10, 1.18] (1.19x / 1.04x / 1.19x by shape); with ROWS 4 1.11x. l2norm and add_rmsnorm take rmsnorm's
-# setting (their knobs are its, meaning the same): against one knob changed at a time and 6 random settings it was
-# the fastest within noise (3.05x and 2.8x numpy; NT=0 1.7x and 2.1x). SHORT 1 (short rows one at a time) was
-# added to the three on an AMD EPYC with AVX-512, in three interleaved runs against the streaming copy: on 8192x128
-# rmsnorm 0.51-0.57 of the copy -> 0.74-0.78, l2norm 0.59-0.64 -> 0.75-0.81, add_rmsnorm 0.60-0.65 -> 0.77-0.89,
-# the long-row shapes unchanged within noise (SHORT 2 in between). SPLIT 1 (a block's rows from ROWS parts of the
-# matrix: ROWS streams even where rows are short) with SHORT 0 then beat it on a Xeon with AVX-512 (Sapphire Rapids,
+# The fastest setting of each built-in CPU template found so far: for rmsnorm, softmax and bias_gelu by interleaved
+# timings of a few dozen hand-picked settings (one knob changed at a time from a streaming baseline) on the reference
+# machine (1 thread, Xeon with AVX-512, 2 shared cores), where two-pass kernels with streaming stores, rows pipelined
+# (PIPE) and a few rows or vectors in flight won; for kda the chunked form against the recurrence's best (1.0-1.3x
+# faster by shape); for matmul a setting within the register budget. `--sweep 6` (seed 0) kept every one of them;
+# `--sweep N` checks them against N random settings. bias_gelu's was found again after its template gained the piecewise
+# erfc (ERF table) and ROWS: one knob changed at a time from it, three benchmarks each, it was the fastest within noise
+# (ROWS 4 and 8 alike, 0.05-0.2 of the roofline above ROWS 1 and 2 by shape; PF 4096 up to 0.14 above 1024). softmax's
+# was found again after its template gained the three-stage pipeline (PIPE 2) and ROWS: timed in one benchmark against
+# the old best (PIPE 1, UNROLL 4), PIPE 2 ROWS 2 UNROLL 1 read 1.16x [1.13, 1.18] (1.09 / 1.23 / 1.16 by shape), UNROLL
+# 2 1.12x-1.13x twice, ROWS 1 1.02x-1.03x, ROWS 4 0.98x. SPLIT 1 (a block's rows from two halves of the matrix: two read
+# streams and two write streams instead of one) was timed against SPLIT 0 with kf evaluate on a Xeon with AVX-512
+# (Sapphire Rapids, shared VM): 1.14x [1.10, 1.18] (1.19x / 1.04x / 1.19x by shape); with ROWS 4 1.11x. l2norm and
+# add_rmsnorm take rmsnorm's setting (their knobs are its, meaning the same): against one knob changed at a time and 6
+# random settings it was the fastest within noise (3.05x and 2.8x numpy; NT=0 1.7x and 2.1x). SHORT 1 (short rows one at
+# a time) was added to the three on an AMD EPYC with AVX-512, in three interleaved runs against the streaming copy: on
+# 8192x128 rmsnorm 0.51-0.57 of the copy -> 0.74-0.78, l2norm 0.59-0.64 -> 0.75-0.81, add_rmsnorm 0.60-0.65 ->
+# 0.77-0.89, the long-row shapes unchanged within noise (SHORT 2 in between). SPLIT 1 (a block's rows from ROWS parts of
+# the matrix: ROWS streams even where rows are short) with SHORT 0 then beat it on a Xeon with AVX-512 (Sapphire Rapids,
 # shared VM), rmsnorm in one kf evaluate run: 1.07x [1.03, 1.10], 8192x128 1.30x [1.25, 1.35], the long-row shapes
 # within noise; SPLIT 1 with SHORT 1 or 2 and with ROWS 8 were slower. The same change in l2norm: 1.08x [1.04, 1.11]
 # (8192x128 1.31x [1.26, 1.37]); in add_rmsnorm 1.01x [0.98, 1.05] (8192x128 1.04x [1.01, 1.09]).
+# bias_gelu with SPLIT 1 (ROWS rows from ROWS parts of the matrix) and ROWS 4 then ran 1.18x [1.14, 1.22] faster than
+# ROWS 8 SPLIT 0 (2048x96 1.32x) on the Sapphire Rapids VM, in one kf evaluate run; SPLIT 1 with ROWS 8 1.10x, ROWS 2
+# 0.89x of ROWS 4.
 BEST_KNOWN: dict[str, dict[str, Any]] = {
     "rmsnorm": {
         "VEC": 512,
@@ -166,7 +168,8 @@ BEST_KNOWN: dict[str, dict[str, Any]] = {
         "NT": 1,
         "PF": 4096,
         "ALIGN": 1,
-        "ROWS": 8,
+        "ROWS": 4,
+        "SPLIT": 1,
     },
     "kda": {"DVB": 64, "COPY": 1, "FUSE": 1, "SIMD": 0, "VEC": 512, "CHUNK": 16},
     "matmul": {"MB": 64, "NB": 256, "KB": 256, "MR": 4, "NR": 64, "ORDER": "ikj", "VEC": 512},

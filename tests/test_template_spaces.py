@@ -47,7 +47,18 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
     # blocks of ROWS, pipelined and not, of adjacent rows and of rows from parts of the matrix (SPLIT).
     "rmsnorm": [
         {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1, "SPLIT": 0},
-        {**_ROW_PIPE, "PFL": 2, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PF": 1024, "PIPE": 0, "SPLIT": 0},
+        {
+            **_ROW_PIPE,
+            "PFL": 2,
+            "VEC": 256,
+            "ACC": 2,
+            "NT": 0,
+            "ALIGN": 0,
+            "SHORT": 2,
+            "PF": 1024,
+            "PIPE": 0,
+            "SPLIT": 0,
+        },
         # Blocks of rows from parts of the matrix: 37 rows in 4 parts of 9 and one left over, 3 rows all left over.
         {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
         {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
@@ -56,6 +67,35 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
         {**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 1, "SPLIT": 0},
         {**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
         {**_ROW_PIPE, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
+    ],
+    # Rows processed together from parts of the matrix, with rows left over (37, 17, 5 and 3 rows in blocks of 4).
+    "bias_gelu": [
+        {
+            "VEC": 512,
+            "ERF": "table",
+            "DEG": 14,
+            "EXP": "inline4",
+            "SIMD": 0,
+            "UNROLL": 2,
+            "NT": 1,
+            "PF": 4096,
+            "ALIGN": 1,
+            "ROWS": 4,
+            "SPLIT": 1,
+        },
+        {
+            "VEC": 256,
+            "ERF": "cheb",
+            "DEG": 12,
+            "EXP": "inline4",
+            "SIMD": 0,
+            "UNROLL": 1,
+            "NT": 0,
+            "PF": 0,
+            "ALIGN": 0,
+            "ROWS": 8,
+            "SPLIT": 1,
+        },
     ],
     "add_rmsnorm": [
         {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 2, "SPLIT": 0},
@@ -149,7 +189,7 @@ def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) 
     shape = {"rows": x.shape[0], "cols": cols}
     expected = problem.reference({"x": x, "b": b}, shape)["y"]
     atol, rtol = problem.tolerance("float32", shape, {"x": x, "b": b})
-    base = {"VEC": 512, "SIMD": 0, "UNROLL": 2, "NT": 0, "PF": 0, "ALIGN": 1, "ROWS": 1}
+    base = {"VEC": 512, "SIMD": 0, "UNROLL": 2, "NT": 0, "PF": 0, "ALIGN": 1, "ROWS": 1, "SPLIT": 0}
     for params in (
         base | {"ERF": "cheb", "DEG": 11, "EXP": "inline4"},
         base | {"ERF": "poly", "DEG": 14, "EXP": "inline4"},

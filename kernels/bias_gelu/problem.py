@@ -61,6 +61,8 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "PF": [0, 1024, 4096],
     "ALIGN": [0, 1],
     "ROWS": [1, 2, 4, 8],
+    # The rows processed together adjacent (0) or each from its own part of the matrix (1), as in rmsnorm's template.
+    "SPLIT": [0, 1],
 }
 _EDGE_VALUES = [0.0, -0.0, 1e-30, -1e-30, 1e-6, -1e-6, 3.0, -3.0, -5.5, 5.5, -9.0, 9.0, -1e4, 1e4, -1e30, 1e30]
 
@@ -71,7 +73,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     leaves to the compiler; EXP only matters for the formulas that call exp themselves, DEG only for
     "cheb"; "table" needs explicit vectors (its coefficients are permuted across lanes) and calls no exp
     (EXP inline4 stands for it); streaming stores need explicit vectors and an aligned loop (VEC > 0,
-    ALIGN 1); ALIGN peels to a vector width and ROWS interleaves vector loops (VEC > 0)."""
+    ALIGN 1); ALIGN peels to a vector width and ROWS interleaves vector loops (VEC > 0); rows from parts of the
+    matrix need several rows at once (SPLIT with ROWS > 1)."""
     vec, erf, exp = params["VEC"], params["ERF"], params["EXP"]
     if vec and (erf in ("libm", "erfc") or exp == "libm" or params["SIMD"]):
         return False
@@ -86,6 +89,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     if params["NT"] and (vec == 0 or not params["ALIGN"]):
         return False
     if params["ROWS"] > 1 and vec == 0:
+        return False
+    if params["SPLIT"] and params["ROWS"] == 1:
         return False
     return not (params["ALIGN"] and vec == 0)
 

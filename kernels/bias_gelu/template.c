@@ -24,6 +24,8 @@
  *   ALIGN   1: scalar steps until y's address is aligned to each row's vector width; 0: start at once
  *   ROWS    rows processed together (VEC > 0): their vector loops are interleaved, so ROWS memory streams
  *           are read at once and more misses are in flight (the hardware prefetcher follows each)
+ *   SPLIT   0: the rows processed together are adjacent (short rows: one stream, cut at row ends); 1: they are
+ *           rows / ROWS apart (the matrix is split into ROWS parts walked together, left-over rows last)
  */
 #include <math.h>
 #include <stdint.h>
@@ -51,6 +53,7 @@
 #define PF {{PF}}
 #define ALIGN {{ALIGN}}
 #define ROWS {{ROWS}}
+#define SPLIT {{SPLIT}}
 /* Without AVX-512, GCC lowers a comparison of two 512-bit vectors lane by lane (scalar compares and moves
  * through memory): VEC 512 ran 4-5x slower than VEC 256 on an AVX2 machine. There it means two 256-bit vectors
  * per step instead of one 512-bit one, the same work in the machine's own registers: UNROLL doubles, so a step
@@ -307,9 +310,9 @@ static inline void kf_stream(float *p, kf_v v) {
 #endif
 
 #if VEC > 0
-/* nr rows (ROWS, or 1 for the rows left over) from x, y: their vector loops are interleaved, so that nr
- * streams are read from memory at once; each row is peeled to its own alignment first. */
-static inline void kf_rows(const float *x, const float *b, float *y, int nr, int64_t cols) {
+/* nr rows (ROWS, or 1 for the rows left over) from x, y, rs floats apart: their vector loops are interleaved, so
+ * that nr streams are read from memory at once; each row is peeled to its own alignment first. */
+static inline void kf_rows(const float *x, const float *b, float *y, int nr, int64_t cols, int64_t rs) {
     const int64_t step = UNROLL * LANES;
     const float *xr[ROWS], *br[ROWS];
     float *yr[ROWS];
@@ -319,13 +322,13 @@ static inline void kf_rows(const float *x, const float *b, float *y, int nr, int
         int64_t h = 0;
 #if ALIGN
         /* scalar steps up to y's vector alignment */
-        float *const row = y + k * cols;
+        float *const row = y + k * rs;
         h = (int64_t)(((uintptr_t)(LANES * 4) - (uintptr_t)row % (LANES * 4)) % (LANES * 4)) / 4;
         h = h < cols ? h : cols;
-        for (int64_t c = 0; c < h; c++) row[c] = KF_GELU1(x[k * cols + c] + b[c]);
+        for (int64_t c = 0; c < h; c++) row[c] = KF_GELU1(x[k * rs + c] + b[c]);
 #endif
-        xr[k] = x + k * cols + h;
-        yr[k] = y + k * cols + h;
+        xr[k] = x + k * rs + h;
+        yr[k] = y + k * rs + h;
         br[k] = b + h;
         left[k] = cols - h;
         steps = left[k] / step < steps ? left[k] / step : steps;
@@ -348,9 +351,16 @@ static inline void kf_rows(const float *x, const float *b, float *y, int nr, int
 
 void bias_gelu(const float *x, const float *b, float *y, int64_t rows, int64_t cols) {
 #if VEC > 0
-    int64_t r = 0;
-    for (; r + ROWS <= rows; r += ROWS) kf_rows(x + r * cols, b, y + r * cols, ROWS, cols);
-    for (; r < rows; r++) kf_rows(x + r * cols, b, y + r * cols, 1, cols);
+    /* rows / ROWS blocks, then the rows left over one by one. Block k is rows k ROWS .. k ROWS + ROWS - 1, or with
+     * SPLIT rows k, k + rows / ROWS, k + 2 rows / ROWS, ... */
+    const int64_t blocks = rows / ROWS;
+#if SPLIT
+    const int64_t rs = blocks * cols, bs = cols; /* floats between a block's rows, and between blocks */
+#else
+    const int64_t rs = cols, bs = ROWS * cols;
+#endif
+    for (int64_t k = 0; k < blocks; k++) kf_rows(x + k * bs, b, y + k * bs, ROWS, cols, rs);
+    for (int64_t r = blocks * ROWS; r < rows; r++) kf_rows(x + r * cols, b, y + r * cols, 1, cols, cols);
 #else
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict xr = x + r * cols;
