@@ -176,7 +176,7 @@ static inline kf_v kf_exp(kf_v x) {
 /* One prefetch per 64-byte line a loop step of STEP floats covers. */
 #define KF_PREFETCH_STEP(p)                                                                                   \
     do {                                                                                                      \
-        for (int l_ = 0; l_ < (STEP * 4 + 63) / 64; l_++) KF_PREFETCH((p) + l_ * 16);                          \
+        for (int l_ = 0; l_ < (STEP * 4 + 63) / 64; l_++) KF_PREFETCH((p) + l_ * 16);                         \
     } while (0)
 
 #if NT && VEC > 0 && defined(__SSE__)
@@ -382,9 +382,8 @@ static inline int kf_block(int64_t k, int64_t rows, int64_t cols, int64_t *first
  * writes and the exp's arithmetic overlap in the core instead of taking turns, and ROWS rows' streams are
  * in flight at once. nn, nc and np are the rows of the three blocks (0 where there is none); the rows of a
  * block are sn, sc and sp floats apart in x and y (`cols` for adjacent rows) and `stride` floats apart in the
- * scratch rows. With `aligned`
- * (every row of y starts at the same offset from a vector boundary) the loop starts at y's aligned head and
- * may stream its stores. */
+ * scratch rows. With `aligned` (every row of y starts at the same offset from a vector boundary) the loop starts
+ * at y's aligned head and may stream its stores. */
 static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int np, int aligned,
                                                            const float *restrict xn, const float *restrict xc,
                                                            float *restrict cur, const float *restrict prev,
@@ -396,13 +395,13 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
 /* One column of the three stages in scalar code: the head before y's aligned start, and the tail. */
 #define KF_STAGE_COLUMN(i)                                                                                    \
     do {                                                                                                      \
-        for (int j = 0; j < nn; j++) mx[j] = xn[j * sn + (i)] > mx[j] ? xn[j * sn + (i)] : mx[j];         \
+        for (int j = 0; j < nn; j++) mx[j] = xn[j * sn + (i)] > mx[j] ? xn[j * sn + (i)] : mx[j];             \
         for (int j = 0; j < nc; j++) {                                                                        \
-            const float v_ = KF_EXP1(xc[j * sc + (i)] - m[j]);                                              \
+            const float v_ = KF_EXP1(xc[j * sc + (i)] - m[j]);                                                \
             cur[j * stride + (i)] = v_;                                                                       \
             sm[j] += v_;                                                                                      \
         }                                                                                                     \
-        for (int j = 0; j < np; j++) yp[j * sp + (i)] = prev[j * stride + (i)] * f[j];                      \
+        for (int j = 0; j < np; j++) yp[j * sp + (i)] = prev[j * stride + (i)] * f[j];                        \
     } while (0)
     for (int j = 0; j < nn; j++) mx[j] = xn[j * sn];
     for (int j = 0; j < nc; j++) sm[j] = 0.0f;
@@ -417,9 +416,9 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
     int64_t c = h;
 #define KF_STAGE_STEP(k, W)                                                                                   \
     do {                                                                                                      \
-        for (int j = 0; j < nn; j++) am[j] = kf_max(am[j], KF_LOAD(xn + j * sn + (k)));                     \
+        for (int j = 0; j < nn; j++) am[j] = kf_max(am[j], KF_LOAD(xn + j * sn + (k)));                       \
         for (int j = 0; j < nc; j++) {                                                                        \
-            const kf_v v_ = kf_exp(KF_LOAD(xc + j * sc + (k)) - KF_SPLAT(m[j]));                               \
+            const kf_v v_ = kf_exp(KF_LOAD(xc + j * sc + (k)) - KF_SPLAT(m[j]));                              \
             KF_STORE(cur + j * stride + (k), v_);                                                             \
             as[j] += v_;                                                                                      \
         }                                                                                                     \
