@@ -68,7 +68,7 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
         {**_ROW_PIPE, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},
         {**_ROW_PIPE, "VEC": 256, "ACC": 2, "NT": 0, "ALIGN": 0, "SHORT": 2, "PIPE": 0, "SPLIT": 1},
     ],
-    # Rows processed together from parts of the matrix, with rows left over (37, 17, 5 and 3 rows in blocks of 4).
+    # Rows processed together from parts of the matrix, with rows left over (37, 17, 5 and 3 rows in blocks of 4 and 8).
     "bias_gelu": [
         {
             "VEC": 512,
