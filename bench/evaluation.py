@@ -99,8 +99,8 @@ from engine.proposers.random_template import template_space
 # within noise; SPLIT 1 with SHORT 1 or 2 and with ROWS 8 were slower. The same change in l2norm: 1.08x [1.04, 1.11]
 # (8192x128 1.31x [1.26, 1.37]); in add_rmsnorm 1.01x [0.98, 1.05] (8192x128 1.04x [1.01, 1.09]).
 # bias_gelu with SPLIT 1 (ROWS rows from ROWS parts of the matrix) and ROWS 4 then ran 1.18x [1.14, 1.22] faster than
-# ROWS 8 SPLIT 0 (2048x96 1.32x) on the Sapphire Rapids VM, in one kf evaluate run; SPLIT 1 with ROWS 8 1.10x, ROWS 2
-# 0.89x of ROWS 4.
+# ROWS 8 SPLIT 0 (2048x96 1.32x) on the Sapphire Rapids VM, in one kf evaluate run; SPLIT 1 with ROWS 8 ran 1.10x
+# [1.07, 1.14] of the old setting, and SPLIT 1 with ROWS 2 0.89x of ROWS 4.
 BEST_KNOWN: dict[str, dict[str, Any]] = {
     "rmsnorm": {
         "VEC": 512,
