@@ -122,11 +122,19 @@ class Scales:
     noise_sd: float = MEASUREMENT_SD
     relevance: tuple[tuple[str, float], ...] = ()
     """Per parameter, a factor on the spread of its values' effects (1 where not named)."""
+    model_sd: float = MODEL_SD
+    """Spread of what the model leaves out (effects of three or more parameters together), added to every
+    observation's variance however often it was read."""
 
-    def widened(self, pair_factor: float, main_factor: float = 1.0) -> Scales:
+    def widened(self, pair_factor: float, main_factor: float = 1.0, model_sd: float | None = None) -> Scales:
         """These Scales with the pair spread ``pair_factor`` and the main-effect spread ``main_factor`` times
-        larger (an explorer's model)."""
-        return Scales(self.main_sd * main_factor, self.pair_sd * pair_factor, self.noise_sd, self.relevance)
+        larger and, when given, ``model_sd`` as the spread of what the model leaves out (an explorer's model)."""
+        return dataclasses.replace(
+            self,
+            main_sd=self.main_sd * main_factor,
+            pair_sd=self.pair_sd * pair_factor,
+            model_sd=self.model_sd if model_sd is None else model_sd,
+        )
 
 
 def pair_prior_sd(parameters: int) -> float:
@@ -237,15 +245,20 @@ class _Design:
 
     @classmethod
     def of(
-        cls, features: Features, observations: Sequence[Observation], noise_sd: float, x: np.ndarray | None = None
+        cls,
+        features: Features,
+        observations: Sequence[Observation],
+        noise_sd: float,
+        x: np.ndarray | None = None,
+        model_sd: float = MODEL_SD,
     ) -> _Design:
-        """Each observation's variance is max(noise_sd², its reading variance) / n + MODEL_SD²; ``x``: the
+        """Each observation's variance is max(noise_sd², its reading variance) / n + model_sd²; ``x``: the
         observations' feature rows where the caller has them already."""
         reading = np.array([max(noise_sd**2, o.reading_var or 0.0) for o in observations])
         return cls(
             x=features.matrix(o.params for o in observations) if x is None else x,
             y=np.array([o.mean for o in observations]),
-            noise=reading / np.array([max(o.n, 1) for o in observations]) + MODEL_SD**2,
+            noise=reading / np.array([max(o.n, 1) for o in observations]) + model_sd**2,
         )
 
 
@@ -259,7 +272,7 @@ def fit(
     none is given); with ``scales`` None, the empirical ones (see empirical_scales)."""
     mu0 = features.vector(prior_mean or {})
     scales = scales or empirical_scales(features, observations, mu0)
-    return _fit(features, _Design.of(features, observations, scales.noise_sd), mu0, scales)
+    return _fit(features, _Design.of(features, observations, scales.noise_sd, model_sd=scales.model_sd), mu0, scales)
 
 
 def empirical_scales(features: Features, observations: Sequence[Observation], mu0: np.ndarray | None = None) -> Scales:
@@ -370,7 +383,7 @@ def fit_with_transfer(
     default the Scales the observations suggest under the plain prior."""
     zero = np.zeros(len(features.names))
     scales = scales or empirical_scales(features, observations, zero)
-    design = _Design.of(features, observations, scales.noise_sd)
+    design = _Design.of(features, observations, scales.noise_sd, model_sd=scales.model_sd)
     plain = _fit(features, design, zero, scales)
     if not transferred:
         return plain
