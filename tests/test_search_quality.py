@@ -378,10 +378,14 @@ def _remeasured(problem: Problem, landscape: Landscape, seeds: range) -> int:
 
 def test_a_warm_replay_leaves_settled_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     problem, landscape = toy_landscape()
-    with_rule = _remeasured(problem, landscape, range(4))
+    # On this toy few settings read clearly slower than the incumbent, so the rule spares a warm search one
+    # re-measurement in a few seeds: over sixteen seeds it must spare some and never add any.
+    seeds = range(16)
+    with_rule = [_remeasured(problem, landscape, range(seed, seed + 1)) for seed in seeds]
     monkeypatch.setattr("engine.proposers.search.settled_candidates", lambda *_: set())
-    without_rule = _remeasured(problem, landscape, range(4))
-    assert with_rule < without_rule, (with_rule, without_rule)
+    without_rule = [_remeasured(problem, landscape, range(seed, seed + 1)) for seed in seeds]
+    assert all(a <= b for a, b in zip(with_rule, without_rule, strict=True)), (with_rule, without_rule)
+    assert sum(with_rule) < sum(without_rule), (with_rule, without_rule)
 
 
 def test_a_replayed_search_re_measures_its_shaky_readings_as_the_workflow_does() -> None:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from engine.proposers.surrogate import (
+    MODEL_SD,
     RELEVANCE_MIN_OBSERVATIONS,
     Features,
     Mixture,
@@ -135,3 +136,19 @@ def test_each_knob_gets_the_spread_its_effects_show() -> None:
     predicted = features.matrix(every) @ fit(features, observations, scales=scales).mean
     best = every[int(np.argmax(predicted))]
     assert best["BIG"] == 4
+
+
+def test_what_the_model_leaves_out_bounds_what_repeating_a_reading_teaches() -> None:
+    features = Features(SPACE)
+    base = [Observation(s, speed(s), 2) for s in settings()]
+    target = {"A": 1, "B": 0, "C": 2}
+    x = features.matrix([target])[0]
+    scales = features.default_scales()
+    # One setting read 2x faster than the model says, a hundred times: the readings agree, so only what the
+    # model leaves out (effects of three or more parameters) can make them count for less.
+    surprise = Observation(target, speed(target) + 0.7, 100)
+    tight = fit(features, [*base, surprise], scales=scales)
+    loose = fit(features, [*base, surprise], scales=scales.widened(1.0, 1.0, model_sd=0.3))
+    assert tight.scales.model_sd == MODEL_SD and loose.scales.model_sd == 0.3
+    assert x @ tight.mean - speed(target) > x @ loose.mean - speed(target) > 0
+    assert x @ loose.covariance() @ x > 2 * (x @ tight.covariance() @ x)

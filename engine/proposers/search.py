@@ -14,9 +14,10 @@ Each generation:
 - the first EXPLOIT_PICKS pick(s) exploit: the best setting under the posterior mean (once there is any
   evidence), anywhere in the space;
 - the other picks take the best upper bound (mean + UCB_KAPPA spreads) under the explorer, the same fit
-  with pair spreads EXPLORE_PAIR_FACTOR times wider (and, in a cold search without transfer until the
-  problem has COVERING_SETTINGS measured settings, main-effect spreads EXPLORE_MAIN_FACTOR times wider): the
-  fitted model may blame one slow combination on a value's main effect and never try the value again, the
+  with pair spreads EXPLORE_PAIR_FACTOR times wider, each reading counting for less (what the model leaves
+  out spreads by EXPLORER_MODEL_SD) and, in a cold search without transfer until the problem has
+  COVERING_SETTINGS measured settings, main-effect spreads EXPLORE_MAIN_FACTOR times wider: the fitted model
+  may blame one or two slow combinations on a value's main effect and never try the value again, the
   explorer keeps it worth a try in another combination. Each pick is believed to come back as predicted
   before the next is chosen, so one generation's picks do not crowd together; every other one is among the
   incumbent's neighbours (one or two parameters changed) when it has parameters;
@@ -109,6 +110,19 @@ instead of -4.5 and -4.8. Replayed on this machine's seven landscapes (250 searc
 1000-1149, mean score over problems at budgets 8/16/32): factor 1 0.34/0.61/0.91, 2 until 12 settings
 0.38/0.66/0.91. Kept for the whole search it scored 0.87 at 32 on seeds 0-99 (0.93 without): wide main
 effects keep pulling picks to values already known to be slow."""
+
+EXPLORER_MODEL_SD = 0.15
+"""Spread the explorer gives what the model leaves out (effects of three or more parameters together), in
+ln(speedup): each reading says at most this much about the values in it, however often it was read. The fitted
+model takes MODEL_SD (0.03), and with it, and empirical Bayes giving the one knob that varied most a large
+relevance, two slow readings of a value ruled it out: replayed on add_rmsnorm (seed 10), NT=1 read slow with
+FUSED=1 and once more in the landscape's slowest setting (1.06x, a combination of ACC=1, PIPE=1 and ROWS=4),
+and the search never tried NT=1 again in 32 evaluations, though most fast settings have it. Replayed on this
+machine's seven landscapes of today's spaces (100 searches per problem, seeds 0-99; mean score over the
+problems at budgets 8/16/32): 0.03 0.35/0.58/0.86, 0.15 0.36/0.61/0.87 (add_rmsnorm at 16 0.55 -> 0.66 and at
+32 0.60 -> 0.79; bias_gelu at 32 0.71 -> 0.63, rmsnorm at 32 0.90 -> 0.84). On the four row-reduction
+landscapes, seeds 1000-1099: 0.03 0.45/0.67/0.84, 0.1 0.45/0.67/0.85, 0.15 0.45/0.68/0.87. A small gain, inside
+each run's interval, seen on every set of seeds."""
 
 COVERING_SETTINGS = 12
 """Measured settings of the problem itself after which the explorer's main effects are the fitted ones."""
@@ -344,10 +358,10 @@ def model_of(
     The posterior is fitted to the problem's own measured settings; when other problems of the family
     measured parameter values it shares, it is mixed with a posterior whose prior means are theirs (their
     names are returned), weighed by how well that prior predicted the problem's own measurements. The
-    explorer is the same fit with the pair spread ``pair_factor`` times larger (see EXPLORE_PAIR_FACTOR) and,
-    while the problem has fewer than COVERING_SETTINGS measured settings, the main-effect spread
-    EXPLORE_MAIN_FACTOR times larger (unless its family transferred means); with a factor of 1 it is the
-    posterior itself."""
+    explorer is the same fit with the pair spread ``pair_factor`` times larger (see EXPLORE_PAIR_FACTOR), what
+    the model leaves out spreading by EXPLORER_MODEL_SD and, while the problem has fewer than
+    COVERING_SETTINGS measured settings, the main-effect spread EXPLORE_MAIN_FACTOR times larger (unless its
+    family transferred means); with a factor of 1 it is the posterior itself."""
     features = Features(problem.template_params)
     by_problem: dict[str, list[Observation]] = defaultdict(list)
     for setting in (lessons or {}).get("settings") or []:
@@ -384,7 +398,8 @@ def model_of(
     # effects would let the upper bound override them. The covering phase was measured on cold replays only;
     # transfer searches keep the explorer they had.
     main_factor = EXPLORE_MAIN_FACTOR if len(own) < COVERING_SETTINGS and not prior_mean else 1.0
-    explorer = fit_with_transfer(features, own, prior_mean, posterior.scales.widened(pair_factor, main_factor))
+    wide = posterior.scales.widened(pair_factor, main_factor, max(posterior.scales.model_sd, EXPLORER_MODEL_SD))
+    explorer = fit_with_transfer(features, own, prior_mean, wide)
     return posterior, explorer, transferred
 
 
