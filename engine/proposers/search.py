@@ -113,16 +113,16 @@ effects keep pulling picks to values already known to be slow."""
 
 EXPLORER_MODEL_SD = 0.15
 """Spread the explorer gives what the model leaves out (effects of three or more parameters together), in
-ln(speedup): each reading says at most this much about the values in it, however often it was read. The fitted
-model takes MODEL_SD (0.03), and with it, and empirical Bayes giving the one knob that varied most a large
-relevance, two slow readings of a value ruled it out: replayed on add_rmsnorm (seed 10), NT=1 read slow with
-FUSED=1 and once more in the landscape's slowest setting (1.06x, a combination of ACC=1, PIPE=1 and ROWS=4),
-and the search never tried NT=1 again in 32 evaluations, though most fast settings have it. Replayed on this
-machine's seven landscapes of today's spaces (100 searches per problem, seeds 0-99; mean score over the
-problems at budgets 8/16/32): 0.03 0.35/0.58/0.86, 0.15 0.36/0.61/0.87 (add_rmsnorm at 16 0.55 -> 0.66 and at
-32 0.60 -> 0.79; bias_gelu at 32 0.71 -> 0.63, rmsnorm at 32 0.90 -> 0.84). On the four row-reduction
-landscapes, seeds 1000-1099: 0.03 0.45/0.67/0.84, 0.1 0.45/0.67/0.85, 0.15 0.45/0.68/0.87. A small gain, inside
-each run's interval, seen on every set of seeds."""
+ln(speedup): each reading is believed to within this much about the values in it, however often it was read. The
+fitted model takes MODEL_SD (0.03). With that, two slow readings of a value could rule it out, the more so when
+empirical Bayes gives the knob that varied most a large relevance: replayed on add_rmsnorm (seed 10), NT=1 read
+slow with FUSED=1 and once more in the landscape's slowest setting (1.06x, a combination of ACC=1, PIPE=1 and
+ROWS=4), and the search never tried NT=1 again in 32 evaluations, though most fast settings have it. Replayed on
+this machine's seven landscapes of today's spaces (100 searches per problem, seeds 0-99; mean score over the
+problems at budgets 8/16/32): 0.03 0.35/0.58/0.86, 0.15 0.36/0.61/0.87 (add_rmsnorm at 16 0.55 -> 0.66 and at 32
+0.60 -> 0.79; bias_gelu at 32 0.71 -> 0.63, rmsnorm at 32 0.90 -> 0.84). On the four row-reduction landscapes,
+seeds 1000-1099: 0.03 0.45/0.67/0.84, 0.1 0.45/0.67/0.85, 0.15 0.45/0.68/0.87. A small gain, inside each run's
+interval, seen on every set of seeds."""
 
 COVERING_SETTINGS = 12
 """Measured settings of the problem itself after which the explorer's main effects are the fitted ones."""
