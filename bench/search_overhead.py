@@ -22,7 +22,8 @@ Pass 0 to skip either of the last two. The 1,000-candidate search takes 20-45 mi
 each candidate of the trivial problem still costs 1.3-2.5 s of engine work (compiling, validation in a
 fresh sandboxed worker, timing against numpy and the incumbent in workers of their own), depending on the
 machine. Two costs that grew with the search are gone: each lessons catch-up read every candidate row of
-the search, and each proposal round decoded the search's whole event stream for its recent failures.
+the search, and each proposal round decoded the search's whole event stream for its recent failures (it
+now reads the newest failures a page at a time: bench/failures_scale.py).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from engine.proposers import (
     proposer_for,
 )
 from engine.proposers.failures import (
+    FAILURE_PAGE,
     RecentFailure,
     failure_from_compile,
     failure_from_rejected_reply,
@@ -686,3 +687,36 @@ def test_a_rounds_outcome_events_feed_the_next_rounds_fixer() -> None:
         f"llm tuner {MODEL}",
     )
     assert batch.spent_usd == pytest.approx(0.02)
+
+
+async def test_the_newest_failures_are_found_past_a_page_of_harness_failures(store: EventStore) -> None:
+    """A long search is read a page of failures at a time: kernel failures behind more than a page of the
+    harness's own failures are still found, each at its first failing step, and the newest come first."""
+    log: list[tuple[str, dict[str, Any]]] = []
+
+    def candidate(cid: str, source: str) -> None:
+        log.append(("candidate.proposed", {"generation": 1, "candidate": {"candidate_id": cid, "source": source}}))
+
+    for n in range(3):
+        cid = f"k{n}"
+        candidate(cid, f"int broken{n};")
+        compile_error = {"verdict": "compile_error", "first_error": f"error {n}", "log": ""}
+        log.append(
+            (
+                "candidate.compiled",
+                {"candidate_id": cid, "output": {"verdict": "compile_error"}, "evidence": compile_error},
+            )
+        )
+    for n in range(2 * FAILURE_PAGE + 5):
+        cid = f"h{n}"
+        candidate(cid, "int fine;")
+        harness = {"candidate_id": cid, "output": {"verdict": "harness_error"}, "evidence": {}}
+        log.append(("candidate.benchmarked", harness))
+    await store.append(
+        "search-long", [NewEvent(event_id=f"l{n}", type=kind, payload=payload) for n, (kind, payload) in enumerate(log)]
+    )
+    whole = recent_failures_from_events(await store.read_stream("search-long"))
+    assert [f.candidate_id for f in whole] == ["k2", "k1", "k0"]
+    assert await read_recent_failures(store, "search-long") == whole
+    assert await read_recent_failures(store, "search-long", limit=1) == whole[:1]
+    assert whole[0].source == "int broken2;" and "error 2" in whole[0].message

@@ -121,28 +121,78 @@ _STEP_STAGES: dict[str, FailureStage] = {
 }
 
 
-_FAILURE_EVENTS = f"""
-WITH failed AS (
-    SELECT {RECORDED_COLUMNS} FROM events
-    WHERE stream_id = $1
-      AND (type = 'proposal.failed'
-           OR (type = ANY($2::text[]) AND COALESCE(payload -> 'output' ->> 'verdict', 'ok') <> 'ok'))
-)
-SELECT * FROM failed
-UNION ALL
+FAILURE_PAGE = 64
+"""Failing events read per query, newest first, while looking for a search's newest failures: a long search
+with thousands of failures is read a page at a time, not whole, on every proposal round."""
+
+_FAILING = """
+    stream_id = $1
+    AND (type = 'proposal.failed'
+         OR (type = ANY($2::text[]) AND COALESCE(payload -> 'output' ->> 'verdict', 'ok') <> 'ok'))
+"""
+
+_FAILURE_PAGE = f"""
 SELECT {RECORDED_COLUMNS} FROM events
-WHERE stream_id = $1 AND type = 'candidate.proposed'
-  AND payload -> 'candidate' ->> 'candidate_id' IN (SELECT payload ->> 'candidate_id' FROM failed)
-ORDER BY stream_version
+WHERE {_FAILING} AND stream_version < $3
+ORDER BY stream_version DESC
+LIMIT $4
+"""
+
+_PROPOSALS = f"""
+SELECT {RECORDED_COLUMNS} FROM events
+WHERE stream_id = $1 AND type = 'candidate.proposed' AND payload -> 'candidate' ->> 'candidate_id' = ANY($2::text[])
+  AND stream_version < $3
+ORDER BY stream_version DESC
+LIMIT $4
 """
 
 
 async def read_recent_failures(store: EventStore, stream_id: str, limit: int = 5) -> list[RecentFailure]:
-    """`recent_failures_from_events` of a search's stream, reading only what it uses: the failing outcomes,
-    the rejected replies and the failing candidates' proposals. The database picks them out, so a proposal
-    round does not decode every event of a long search (bench/search_overhead.py)."""
-    rows = await store.pool.fetch(_FAILURE_EVENTS, stream_id, list(_STEP_STAGES))
-    return recent_failures_from_events([RecordedEvent.from_row(row) for row in rows], limit)
+    """`recent_failures_from_events` of a search's stream, reading only what it uses: the newest failing
+    outcomes and rejected replies, a page at a time until ``limit`` failures are found (a harness's failure is
+    read but not counted), then those candidates' proposals (newest first: a proposal comes shortly before its
+    outcome). The database picks them out, so a proposal round neither decodes every event of a long search
+    nor every failure of one that failed thousands of times (bench/failures_scale.py)."""
+    if limit <= 0:
+        return []
+    failing: list[RecordedEvent] = []
+    candidates: set[str] = set()
+    counted = 0
+    cursor = 2**31 - 1  # above any stream_version (an integer column)
+    while counted < limit:
+        page = [
+            RecordedEvent.from_row(row)
+            for row in await store.pool.fetch(_FAILURE_PAGE, stream_id, list(_STEP_STAGES), cursor, FAILURE_PAGE)
+        ]
+        for event in page:
+            if event.type == "proposal.failed":
+                failing.append(event)
+                counted += 1
+            elif _is_kernel_failure(event.payload):
+                # Older failing steps of a counted candidate are kept too: the first one is what it reports.
+                failing.append(event)
+                cid = str(event.payload.get("candidate_id", ""))
+                counted += cid not in candidates
+                candidates.add(cid)
+        if len(page) < FAILURE_PAGE:
+            break
+        cursor = page[-1].stream_version
+    proposals: list[RecordedEvent] = []
+    if candidates:
+        newest = max(e.stream_version for e in failing)
+        rows = await store.pool.fetch(_PROPOSALS, stream_id, sorted(candidates), newest, len(candidates))
+        proposals = [RecordedEvent.from_row(row) for row in rows]
+    events = sorted([*failing, *proposals], key=lambda e: e.stream_version)
+    return recent_failures_from_events(events, limit)
+
+
+def _is_kernel_failure(payload: dict[str, Any]) -> bool:
+    """Whether a step outcome's payload records a failure the kernel caused (not the harness's)."""
+    output = payload.get("output", {})
+    signal = (payload.get("evidence") or {}).get("signal")
+    if output.get("verdict") in (None, "ok"):
+        return False
+    return is_kernel_outcome(str(output["verdict"]), signal if isinstance(signal, int) else None)
 
 
 def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> list[RecentFailure]:
@@ -164,11 +214,8 @@ def recent_failures_from_events(events: list[RecordedEvent], limit: int = 5) -> 
         elif event.type in _STEP_STAGES:
             output = payload.get("output", {})
             cid = str(payload.get("candidate_id", ""))
-            signal = (payload.get("evidence") or {}).get("signal")
-            if output.get("verdict") in (None, "ok") or cid in failed_ids:
-                continue
-            if not is_kernel_outcome(str(output["verdict"]), signal if isinstance(signal, int) else None):
-                continue  # the harness failed, not the kernel: there is nothing to fix
+            if cid in failed_ids or not _is_kernel_failure(payload):
+                continue  # passed, reported already, or the harness failed (not the kernel): nothing to fix
             failed_ids.add(cid)
             source, label = sources.get(cid, ("", ""))
             evidence = payload.get("evidence") or {}
