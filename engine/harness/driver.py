@@ -449,8 +449,12 @@ class Contender:
 
     def _classify(self, outcome: SandboxOutcome, what: str) -> Failed:
         """The verdict of a worker that ended before it was told to."""
-        fatal = next(iter(self.fatal_reports()), None)
-        signum = outcome.signal or (int(str(fatal["signal"])) if fatal else None)
+        # The sandbox's init saw how the worker ended; the fatal pipe only adds detail (the fault address, the
+        # refused system call, VmPeak). The candidate can write that pipe too, so a report counts only for the
+        # signal the worker really died of: a forged SIGKILL report before a plain exit would otherwise pass
+        # the kernel's own exit off as the machine's failure, which is never judged.
+        signum = outcome.signal
+        fatal = next((r for r in self.fatal_reports() if signum is not None and _reported(r) == signum), None)
         limits = self.limits
         if outcome.killed:
             return Failed(Verdict.timeout, "timeout", f"stopped: {outcome.killed}")
@@ -564,6 +568,14 @@ def _running(tid: int) -> bool:
         return psutil.Process(tid).status() == psutil.STATUS_RUNNING
     except psutil.Error:
         return False
+
+
+def _reported(report: dict[str, object]) -> int | None:
+    """The signal a fatal report names, or None when it names none."""
+    try:
+        return int(str(report.get("signal")))
+    except ValueError:
+        return None
 
 
 def _signal_name(signum: int) -> str:
