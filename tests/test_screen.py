@@ -279,6 +279,27 @@ def test_includes_of_paths_are_refused_before_compiling(
     assert "include only system headers by name" in result.first_error
 
 
+# Assembler directives that read a file, spelt so that no source screen sees them: only the compiler puts them
+# together, so only its assembly shows them. Each names a file that is always there and harmless (the sandbox's
+# own kernel.c; /dev/null, which .incbin refuses), so without the assembly check every one of them compiles.
+PIECED_DIRECTIVES = {
+    "joined-literals": '__asm__(".inc" "bin \\"kernel.c\\"");\n',
+    "joined-include": '__asm__(".inc" "lude \\"/dev/null\\"");\n',
+    "upper-case": '__asm__(".INC" "BIN \\"kernel.c\\"");\n',
+    "macro-pasted": '__asm__(".macro kf_read\\n.inc\\\\()bin \\"kernel.c\\"\\n.endm\\nkf_read");\n',
+    "irpc-pasted": '__asm__(".irpc kf_c,b\\n.inc\\\\kf_c\\\\()in \\"kernel.c\\"\\n.endr");\n',
+}
+
+
+@pytest.mark.parametrize("directive", PIECED_DIRECTIVES.values(), ids=PIECED_DIRECTIVES.keys())
+def test_file_directives_the_compiler_puts_together_are_refused(directive: str, cache: Path) -> None:
+    assert include_refusal(directive + kernel()) is None  # out of the source screen's sight: the assembly's turn
+    result = softmax(directive + kernel(), cache)
+    assert (result.verdict, result.error_category) == (Verdict.compile_error, "include"), result
+    assert result.first_error and "however their text is put together" in result.first_error
+    assert result.artifact_id is None
+
+
 def test_header_names_stay_allowed() -> None:
     source = (
         '#include <math.h>\n#  include <sys/types.h>\n#include "local.h"\n#include <immintrin.h>\n'

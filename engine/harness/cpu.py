@@ -39,15 +39,15 @@ from pathlib import Path
 from engine import config
 from engine.errors import UserError
 from engine.hardware import c_compiler, compiler_version, cpu_target
-from engine.harness.includes import include_refusal
-from engine.harness.sandbox import Sandbox, SandboxLimits
+from engine.harness.includes import assembly_refusal, include_refusal
+from engine.harness.sandbox import Sandbox, SandboxLimits, SandboxOutcome
 from engine.harness.screen import ScreenResult, screen_library
 from engine.harness.verdicts import CompileResult, Verdict
 from engine.outages import KERNEL_SIGNALS
 from engine.problems import Problem
 
 # Bumped when the harness changes how it builds or calls artifacts: old cache entries then miss.
-HARNESS_ABI = "kf-cpu-2"
+HARNESS_ABI = "kf-cpu-3"
 DEFAULT_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 # Always added. `--no-undefined` turns a call to a function that does not exist into a link error (a
 # shared library may otherwise leave it for load time); the -Werror ones turn silent miscompilations
@@ -286,33 +286,22 @@ def _compile(
     # The compiler needs no Python: it can run as `nobody` even where the interpreter is unreadable to it.
     with Sandbox(unprivileged=True, pin=False) as sandbox:
         (sandbox.dir / "kernel.c").write_text(_with_signature_check(problem, source))
-        outcome = sandbox.run([compiler, *flags, *FORCED_FLAGS, "-o", "kernel.so", "kernel.c", "-lm"], COMPILE_LIMITS)
+        # Two steps, so that the assembly is read before the assembler runs (engine/harness/includes.py): an asm
+        # statement can spell .incbin in pieces that only the compiler puts together.
+        outcome = sandbox.run([compiler, *flags, *FORCED_FLAGS, "-S", "-o", "kernel.s", "kernel.c"], COMPILE_LIMITS)
         log = outcome.output_tail.replace(str(sandbox.dir) + "/", "")
-        if outcome.killed:
-            return base.model_copy(
-                update={
-                    "error_category": "timeout",
-                    "first_error": f"compilation stopped: {outcome.killed}",
-                    "log": log[-LOG_LIMIT:],
-                }
-            )
-        if outcome.setup_error or (outcome.signal is not None and outcome.signal not in KERNEL_SIGNALS):
-            # The sandbox failed, or the compiler was killed from outside (the OOM killer, an operator).
-            return base.model_copy(
-                update={
-                    "verdict": Verdict.harness_error,
-                    "error_category": "harness",
-                    "first_error": outcome.setup_error
-                    or f"the compiler was killed by signal {outcome.signal} from outside the harness",
-                    "log": log[-LOG_LIMIT:],
-                }
-            )
-        if outcome.exit_code != 0:
-            category, first = categorize(log, problem)
-            if outcome.signal is not None or outcome.setup_error:
-                category = "compiler_crash"
-                first = outcome.setup_error or f"the compiler died from signal {outcome.signal}"
-            return base.model_copy(update={"error_category": category, "first_error": first, "log": log[-LOG_LIMIT:]})
+        failed = _failed_step(problem, outcome, log, base)
+        if failed is not None:
+            return failed
+        assembly = sandbox.dir / "kernel.s"
+        refusal = assembly_refusal(assembly.read_text(errors="replace")) if assembly.is_file() else None
+        if refusal:
+            return base.model_copy(update={"error_category": "include", "first_error": refusal})
+        outcome = sandbox.run([compiler, *flags, *FORCED_FLAGS, "-o", "kernel.so", "kernel.s", "-lm"], COMPILE_LIMITS)
+        log = (log + outcome.output_tail.replace(str(sandbox.dir) + "/", ""))[-LOG_LIMIT:]
+        failed = _failed_step(problem, outcome, log, base)
+        if failed is not None:
+            return failed
         library = sandbox.dir / "kernel.so"
         screen = screen_library(library)
         if not screen.ok:
@@ -348,6 +337,36 @@ def _compile(
         os.replace(tmp, final)
         (final.parent / "kernel.c").write_text(source)
     return base.model_copy(update={"verdict": Verdict.ok, "artifact_id": artifact_id, "log": log[-LOG_LIMIT:]})
+
+
+def _failed_step(problem: Problem, outcome: SandboxOutcome, log: str, base: CompileResult) -> CompileResult | None:
+    """The result of a compiler run that failed (stopped, killed from outside, or exited non-zero), or None."""
+    if outcome.killed:
+        return base.model_copy(
+            update={
+                "error_category": "timeout",
+                "first_error": f"compilation stopped: {outcome.killed}",
+                "log": log[-LOG_LIMIT:],
+            }
+        )
+    if outcome.setup_error or (outcome.signal is not None and outcome.signal not in KERNEL_SIGNALS):
+        # The sandbox failed, or the compiler was killed from outside (the OOM killer, an operator).
+        return base.model_copy(
+            update={
+                "verdict": Verdict.harness_error,
+                "error_category": "harness",
+                "first_error": outcome.setup_error
+                or f"the compiler was killed by signal {outcome.signal} from outside the harness",
+                "log": log[-LOG_LIMIT:],
+            }
+        )
+    if outcome.exit_code != 0:
+        category, first = categorize(log, problem)
+        if outcome.signal is not None or outcome.setup_error:
+            category = "compiler_crash"
+            first = outcome.setup_error or f"the compiler died from signal {outcome.signal}"
+        return base.model_copy(update={"error_category": category, "first_error": first, "log": log[-LOG_LIMIT:]})
+    return None
 
 
 def screen_artifact(artifact_id: str, cache_dir: Path | None = None) -> ScreenResult:

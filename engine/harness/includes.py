@@ -22,8 +22,12 @@ that starts with ``#`` (or follows a ``*/``) is read as a directive, even inside
 an include keyword followed by a quoted path is checked wherever it appears -- a comment that quotes
 ``include "/etc/passwd"`` is refused too. That keeps it simple enough to trust without a real preprocessor.
 
-What it does not see: a ``_Pragma`` whose string is assembled by macros. The sandbox (an unprivileged user, a
-read-only file system, memory and time limits) stays the backstop.
+What it does not see: a ``_Pragma`` whose string is assembled by macros, and an assembler directive assembled
+from pieces -- C joins adjacent string literals (``".inc" "bin"``), and an ``asm`` operand (``%c0``) or an
+assembler macro can paste a name together. So the compiler stops at assembly (``-S``) and
+:func:`assembly_refusal` reads what the assembler would: every ``asm`` statement's text as it reached the file,
+joined and substituted. The sandbox (an unprivileged user, a read-only file system, memory and time limits)
+stays the backstop.
 """
 
 from __future__ import annotations
@@ -100,6 +104,29 @@ def include_refusal(source: str, *, headers: bool = True) -> str | None:
             excerpt = excerpt if len(excerpt) <= 160 else excerpt[:157] + "..."
             return f"line {logical.lines[first.start]}: `{excerpt}` {first.why}; {_FIX if headers else _FIX_NO_HEADERS}"
     return None
+
+
+# Assembler directives that read a file (.incbin, .include), or that paste names together and could build one
+# (.macro and .irp/.irpc substitute arguments into the text; .altmacro changes how). GNU as does not care about
+# the case of a directive's name.
+_ASSEMBLER_READS = re.compile(r"\.[ \t]*(incbin|include|macro|irpc|irp|altmacro)(?![A-Za-z0-9_$.])", re.IGNORECASE)
+
+
+def assembly_refusal(assembly: str) -> str | None:
+    """Why the compiler's assembly output may not be assembled -- a directive that reads a file or builds
+    directives from pieces, with its line and the fix -- or None. Errs on the side of refusing: a string literal
+    of the kernel that reads ``.include`` is refused too."""
+    match = _ASSEMBLER_READS.search(assembly)
+    if match is None:
+        return None
+    start, end = assembly.rfind("\n", 0, match.start()) + 1, assembly.find("\n", match.end())
+    excerpt = " ".join(assembly[start : end if end >= 0 else len(assembly)].split())
+    excerpt = excerpt if len(excerpt) <= 160 else excerpt[:157] + "..."
+    return (
+        f"the assembly the compiler made of the source has `{excerpt}`: the assembler's .{match.group(1).lower()} "
+        "reads a file (or builds a directive that can); asm statements may not use .incbin, .include, .macro, "
+        ".irp, .irpc or .altmacro, however their text is put together"
+    )
 
 
 def _logical_text(source: str, trigraphs: bool) -> _Text:
