@@ -20,6 +20,7 @@ last reply (a thread the candidate left asleep, memory it corrupted) fails the c
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import psutil
 from pydantic import BaseModel
 
@@ -40,7 +42,7 @@ from engine.harness.screen import screen_library
 from engine.harness.starvation import STARVED_PATIENCE, CpuTime, Watch, since
 from engine.harness.verdicts import Verdict
 from engine.outages import KERNEL_SIGNALS
-from engine.problems import Problem
+from engine.problems import DTYPES, Problem
 
 # A fatal signal with the address space within this fraction of its limit is an allocation that failed:
 # a worker normally uses well under half of it (the limit is several times the largest trial).
@@ -109,6 +111,9 @@ class Contender:
         self.uid: int | None = None
         self.commands = self.replies = self.fatal = -1
         self.pool_fd = pool_fd
+        # The most payload the reply now awaited may announce (see _reply_bytes), and the shape of the pools.
+        self.reply_limit = 0
+        self.prepared_shape: dict[str, int] | None = None
         self._handle: SandboxProcess | None = None
         self.sandbox = Sandbox(threads=threads, isolation=isolation, cpus=cpus)
         self.dir = self.sandbox.dir
@@ -252,12 +257,25 @@ class Contender:
         the previous reply while the worker runs the next command."""
         self._resume()
         self._mark_sent()
+        self.reply_limit = self._reply_bytes(command)
         try:
             p.write_message(self.commands, command, *payload)
         except BrokenPipeError:
             failed = self._died(what)
             failed.who = self.label
             raise failed from None
+
+    def _reply_bytes(self, command: BaseModel) -> int:
+        """The most payload the reply to ``command`` can carry: a trial's regions (each array with its guards),
+        a fetch's outputs at the prepared shape, nothing for the other commands."""
+        params = self.plan.params
+        if isinstance(command, p.Trial):
+            return sum(_nbytes(q, command.shape) + 2 * command.guard for q in params if q.is_array)
+        if isinstance(command, p.PreparePools):
+            self.prepared_shape = dict(command.shape)
+        if isinstance(command, p.Fetch) and self.prepared_shape is not None:
+            return sum(_nbytes(q, self.prepared_shape) for q in params if q.role in ("out", "inout"))
+        return 0
 
     def collect(self, *, timeout: float, what: str = "a call") -> tuple[p.Reply, bytearray]:
         """The reply to the command posted last."""
@@ -286,6 +304,7 @@ class Contender:
         go = p.Go(nonce=nonce, calls=calls)
         late = f"stopped: a batch of {calls} call(s) ran past {timeout:g}s"
         self._mark_sent()
+        self.reply_limit = 0  # Done carries no payload
         try:
             started = time.perf_counter_ns()
             p.write_message(self.commands, go)
@@ -383,7 +402,7 @@ class Contender:
             deadline = time.monotonic() + timeout
         # Why a fresh deadline: a reply that became readable a microsecond before the deadline must not be cut
         # off half-read for a deadline the worker met.
-        return p.read_reply(self.replies, time.monotonic() + timeout)
+        return p.read_reply(self.replies, time.monotonic() + timeout, self.reply_limit)
 
     def _mark_sent(self) -> None:
         # One clock_gettime (1-2 us measured): it runs before every command, timed batches included.
@@ -568,6 +587,11 @@ def _running(tid: int) -> bool:
         return psutil.Process(tid).status() == psutil.STATUS_RUNNING
     except psutil.Error:
         return False
+
+
+def _nbytes(param: p.ParamSpec, shape: dict[str, int]) -> int:
+    """Bytes of one array argument at ``shape``."""
+    return math.prod(int(shape[d]) for d in param.shape) * np.dtype(DTYPES[param.dtype]).itemsize
 
 
 def _reported(report: dict[str, object]) -> int | None:

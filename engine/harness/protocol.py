@@ -297,8 +297,12 @@ def read_command(fd: int) -> tuple[Command, bytearray]:
     return command, _read_exactly(fd, size, None) if size else bytearray()
 
 
-def read_reply(fd: int, deadline: float | None) -> tuple[Reply, bytearray]:
-    """The next reply and its payload (the parent side), or ProtocolError / ChannelClosed / ChannelTimeout."""
+def read_reply(fd: int, deadline: float | None, payload_limit: int = 1 << 34) -> tuple[Reply, bytearray]:
+    """The next reply and its payload (the parent side), or ProtocolError / ChannelClosed / ChannelTimeout.
+
+    ``payload_limit``: the most payload bytes the command asked for can bring back. A reply that announces more
+    is refused before a byte of its payload is read: the parent would otherwise hold whatever a candidate that
+    forged a reply announced (gigabytes) in its own memory before it could tell the reply was wrong."""
     header = _read_header(fd, deadline)
     try:
         reply = _REPLIES.validate_json(header)
@@ -306,8 +310,10 @@ def read_reply(fd: int, deadline: float | None) -> tuple[Reply, bytearray]:
         preview = json.dumps(header[:80].decode(errors="replace"))
         raise ProtocolError(f"not a reply of the harness: {preview} ({error.errors()[0]['msg']})") from None
     size = getattr(reply, "payload_bytes", 0)
-    if size < 0 or size > (1 << 34):
-        raise ProtocolError(f"a reply announced {size} payload bytes")
+    if size < 0 or size > min(payload_limit, 1 << 34):
+        raise ProtocolError(
+            f"a {reply.kind} reply announced {size} payload bytes, more than the {payload_limit} expected"
+        )
     return reply, _read_exactly(fd, size, deadline) if size else bytearray()
 
 
