@@ -158,6 +158,24 @@ def test_stalling_through_warm_up_does_not_look_faster(cache: Path) -> None:
     assert report.ci_low < 1 + margin, f"a kernel that only stalls more came out faster: {report.message}"
 
 
+def test_memoizing_by_buffer_finds_no_cheap_drift(cache: Path) -> None:
+    """The kernel recomputes only the row where the drift used to be and copies the rest from memory: it must
+    be caught on a timed call's output. It only cheats when an input buffer comes back, so the budget is large
+    enough for every shape to go round its pool of input slots (at most 64) a few times."""
+    problem = load_problem("softmax")
+    artifact = compiled(problem, (CORPUS / "patches_the_drifted_element.c").read_text(), cache)
+    (report,) = benchmark_artifact(
+        problem,
+        artifact,
+        [Reference(kind="numpy", label="numpy")],
+        budget_s=3.0,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+    )
+    assert report.verdict == Verdict.incorrect, report.model_dump_json(indent=1)
+    assert report.cases and report.cases[0].check == "timed_output", report.cases
+
+
 def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:
     problem = load_problem(CORPUS / "problems" / "heavy_copy")
     report = benchmark(problem, problem.seed_source(), cache)

@@ -582,9 +582,16 @@ def check_timed_output(
     inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
     bumped = next((q for q in problem.params if q.role != "out" and q.is_array and "float" in q.dtype), None)
     if reply.bump >= 0 and bumped is not None:
-        # Replay the worker's drift of the first element (same float32 arithmetic; engine/harness/worker.py).
-        array = inputs[bumped.name]
-        array.reshape(-1)[0] = array.reshape(-1)[0] + np.float32((reply.bump + 1) * p.BUMP_STEP)
+        # Replay the worker's drift of one element (same float32 arithmetic; engine/harness/worker.py).
+        flat = inputs[bumped.name].reshape(-1)
+        if not 0 <= reply.position < flat.size or reply.bump >= p.BUMP_CYCLE:
+            return CaseEvidence(
+                phase="benchmark",
+                check="timed_output",
+                shape=shape,
+                message=f"a timed call's inputs came back unknown (drift {reply.bump} at element {reply.position})",
+            )
+        flat[reply.position] = flat[reply.position] + np.float32((reply.bump + 1) * p.BUMP_STEP)
     reference = problem.reference(inputs, shape)
     offset = 0
     got: dict[str, np.ndarray] = {}

@@ -24,8 +24,11 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-# Benchmark inputs drift: use u of an input slot adds (u % BUMP_CYCLE + 1) * BUMP_STEP to its first element,
-# in float32, so no input repeats exactly (a kernel that memoizes answers by content gains nothing).
+# Benchmark inputs drift: use u of an input slot adds (u % BUMP_CYCLE + 1) * BUMP_STEP, in float32, to one
+# element of its first float input, drawn at random for each use (the previous use's element is restored first),
+# so no input repeats exactly and a kernel cannot know where it changed without reading all of it: one that
+# memoizes answers by buffer and recomputes only the part that can have changed finds nothing cheap to skip.
+# (The CUDA child still drifts the first element: engine/harness/cuda/worker.py.)
 BUMP_CYCLE = 8
 BUMP_STEP = 1 / 64
 # Exit statuses of the worker (the init reports them).
@@ -200,6 +203,7 @@ class Outputs(BaseModel):
     kind: Literal["outputs"] = "outputs"
     seed: int = Field(description="Seed of the input slot the call read.")
     bump: int = Field(description="Drift step of that use of the slot (-1: none).")
+    position: int = Field(default=0, description="Flat index of the element the drift changed in that use.")
     arrays: list[ArraySpec] = Field(description="The output arrays in the payload.")
     payload_bytes: int = Field(description="Sum of the arrays' nbytes.")
 

@@ -26,6 +26,7 @@ import gc
 import importlib.util
 import mmap
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,9 @@ class Region:
         self.raw[g + self.nbytes :] = self.guard
 
 
+# Where each use's drift lands (see protocol.BUMP_CYCLE). Seeded from the system's randomness when the worker
+# starts, before the seccomp filter is in force and before any candidate code is loaded.
+_DRIFT = random.Random()
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
 # Output pre-fills: quiet NaNs with different payloads, so a kernel that reads its output before writing it
 # (or leaves it alone) gives different bits on two identical calls.
@@ -368,12 +372,14 @@ class _Bench:
             for array in slot.values():
                 _poison(np, array)
         self.bumped = next((q.name for q in arrays if q.role != "out" and q.dtype.startswith("float")), None)
-        self.base0 = [slot[self.bumped].reshape(-1)[0] if self.bumped else None for slot in self.inputs]
+        self.drifting = [slot[self.bumped].reshape(-1) for slot in self.inputs] if self.bumped else []
+        # Per input slot: the element the last use drifted, and its value before (restored at the next use).
+        self.drifted = [(0, flat[0]) for flat in self.drifting]
         self.steps = [np.float32((k + 1) * p.BUMP_STEP) for k in range(p.BUMP_CYCLE)]
         self.uses = [0] * len(self.inputs)
         self.counter = 0
-        # (input slot, bump) of the call that last wrote each output slot.
-        self.wrote: list[tuple[int, int]] = [(-1, -1)] * len(self.outputs)
+        # (input slot, bump, drifted element) of the call that last wrote each output slot.
+        self.wrote: list[tuple[int, int, int]] = [(-1, -1, 0)] * len(self.outputs)
         self.shape = shape
         self.scalars = {q.name: _scalar(q, shape, self.inputs[0]) for q in plan.params if not q.is_array}
         self.numpy = plan.contender == "numpy"
@@ -389,10 +395,17 @@ class _Bench:
         bump = self.uses[i] % p.BUMP_CYCLE
         self.uses[i] += 1
         slot = self.inputs[i]
+        position = 0
         if self.bumped:
-            slot[self.bumped].reshape(-1)[0] = self.base0[i] + self.steps[bump]
+            flat = self.drifting[i]
+            last, before = self.drifted[i]
+            flat[last] = before
+            position = _DRIFT.randrange(flat.size)
+            before = flat[position]
+            self.drifted[i] = (position, before)
+            flat[position] = before + self.steps[bump]
         out = self.outputs[q]
-        self.wrote[q] = (i, bump if self.bumped else -1)
+        self.wrote[q] = (i, bump if self.bumped else -1, position)
         if self.numpy:
             assert self.baseline is not None
             self.baseline(slot, self.shape)
@@ -414,11 +427,15 @@ class _Bench:
 
     def fetch(self, command: p.Fetch) -> tuple[p.Outputs, list[memoryview]]:
         q = (self.counter - 1 - command.back) % len(self.outputs)
-        i, bump = self.wrote[q]
+        i, bump, position = self.wrote[q]
         arrays = list(self.outputs[q].items())
         specs = [p.ArraySpec(name=n, dtype=str(a.dtype), dims=list(a.shape), nbytes=a.nbytes) for n, a in arrays]
         outputs = p.Outputs(
-            seed=self.seeds[i] if i >= 0 else -1, bump=bump, arrays=specs, payload_bytes=sum(s.nbytes for s in specs)
+            seed=self.seeds[i] if i >= 0 else -1,
+            bump=bump,
+            position=position,
+            arrays=specs,
+            payload_bytes=sum(s.nbytes for s in specs),
         )
         return outputs, [memoryview(a.reshape(-1).view(self.np.uint8)) for _, a in arrays]
 
