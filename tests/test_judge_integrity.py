@@ -229,6 +229,33 @@ def test_a_worker_that_dies_after_its_last_reply_is_no_verdict_of_ok(cache: Path
 
 
 @x86_64
+def test_a_single_threaded_worker_is_stopped_while_others_are_timed(cache: Path) -> None:
+    """A kernel that took its worker's interpreter over could have it spin between batches, on the CPU the
+    other contenders are timed on (it slowed numpy's reference from 2.0 to 3.6 ms); one thread or many, a paused
+    worker is stopped, and it answers again once resumed."""
+    problem = load_problem("softmax")
+    plain = compiled((HOSTILE / "raw.h").read_text().replace("static void softmax_rows", "void softmax"), cache)
+    lease, contender = started_contender(problem, plain, 1, cache)
+    try:
+        groups = plan_trials(problem, "validation", 1, 0)[:1]
+        runner = TrialRunner(problem, contender, CALL_TIMEOUT_S)
+        assert runner.run(groups) is None
+        assert contender.worker_pid is not None
+        contender.pause()
+        worker = psutil.Process(contender.worker_pid)
+        deadline = time.monotonic() + 5
+        while worker.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.status() == psutil.STATUS_STOPPED
+        assert runner.run(groups) is None  # resumed for its next command
+        assert worker.status() != psutil.STATUS_STOPPED
+        contender.close()
+    finally:
+        contender.discard()
+        lease.release()
+
+
+@x86_64
 def test_a_worker_gone_right_after_its_bye_finished_as_told(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker leaves with os._exit right after Bye, so the parent may find it gone when it looks: that is
     the end it was told to make, not a death to judge."""

@@ -4,7 +4,7 @@ A :class:`Contender` is one process running one contender (the candidate, the in
 problem's numpy baseline) in a sandbox of its own. Benchmarking starts one per contender on the same CPUs
 and interleaves them, so nothing a candidate can still do reaches the others: it cannot open files or
 start processes (seccomp), it writes nothing outside its own private folder, and while another contender
-is timed it is blocked reading its command pipe -- or, where it may run threads, stopped (SIGSTOP).
+is timed it is stopped (SIGSTOP), every thread of it.
 
 The clock is here. :meth:`Contender.timed_batch` reads the parent's monotonic clock, writes Go, and reads the
 clock again when Done arrives; the child's own figure is kept only as a diagnostic. Each reply must echo
@@ -322,9 +322,10 @@ class Contender:
         return elapsed
 
     def pause(self) -> None:
-        """Stop every thread of the worker while other contenders are timed (only where it may run threads;
-        a single-threaded worker is blocked on its pipe and cannot run anyway)."""
-        if self.threads > 1 and not self.stopped:
+        """Stop every thread of the worker while other contenders are timed. A single-threaded worker would be
+        blocked on its pipe -- unless the candidate took its interpreter over (a kernel can reach the worker's
+        Python through libc's dlsym) and had it spin between batches, on the CPU the next contender is timed on."""
+        if not self.stopped:
             self._signal_group(signal.SIGSTOP)
             self.stopped = True
 
