@@ -8,8 +8,9 @@ How a candidate is timed, in one place:
 2. per benchmark shape, each worker builds a pool of input sets from recorded seeds (bigger than the
    last-level cache where the memory cap allows, so calls read memory rather than a warm cache) and a pool
    of output buffers whose period is coprime with it (a kernel that skips work on a pointer it has seen
-   finds another input's answer in its output); each reuse of an input set changes its first element
-   slightly, so no input repeats exactly;
+   finds another input's answer in its output); each reuse of an input set changes one element, drawn at
+   random for that use, slightly, so no input repeats exactly and a kernel cannot know where it changed
+   without reading all of it;
 3. the parent times batches of calls with its own monotonic clock, from the Go it writes to the Done it
    reads; a batch is sized from warm-up so that the pipe handshake (measured with empty batches) is well
    under 1% of it (``handshake_share`` in the report);
