@@ -7,6 +7,7 @@ co-tenants used the quota up, or it runs at SCHED_IDLE next to a process that ke
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -34,6 +35,37 @@ void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
     for (;;) spin++;
 }
 """
+
+# Sleeps and wakes only to spin around each deadline of its call (every SPINNER_TIMEOUT_S from the call's start,
+# +-0.15 s): at every deadline the worker is runnable and had little CPU time, as a starved one. Before the parent
+# looked while it waited, that was the machine's harness_error after 20 s, retried and never judged. Raw system
+# calls (clock_gettime, clock_nanosleep: both allowed), so no symbol gives it away.
+SPINNER_TIMEOUT_S = 4.0
+DEADLINE_SPINNER = """
+#include <stdint.h>
+#include <time.h>
+static long raw4(long n, long a, long b, long c, long d) {
+    long r;
+    register long r10 __asm__("r10") = d;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+    return r;
+}
+static int64_t now_ns(void) {
+    struct timespec t;
+    raw4(228, CLOCK_MONOTONIC, (long)&t, 0, 0);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    (void)x; (void)y; (void)rows; (void)cols;
+    int64_t start = now_ns();
+    for (int64_t k = 1; k <= 16; k++) {
+        int64_t wake = start + k * PERIOD_NS - 150000000LL;
+        struct timespec until = {wake / 1000000000LL, wake % 1000000000LL};
+        raw4(230, CLOCK_MONOTONIC, TIMER_ABSTIME, (long)&until, 0);
+        while (now_ns() < start + k * PERIOD_NS + 150000000LL) { }
+    }
+}
+""".replace("PERIOD_NS", f"{int(SPINNER_TIMEOUT_S * 1e9)}LL")
 
 
 @contextmanager
@@ -150,7 +182,7 @@ def never_returns(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return result.artifact_id, cache
 
 
-def run_one_trial(artifact: str, cache: Path, starve: bool) -> Failed:
+def run_one_trial(artifact: str, cache: Path, starve: bool, call_timeout_s: float = CALL_TIMEOUT_S) -> Failed:
     """One trial of a kernel that never returns, its worker starved of its CPU or not; the failure."""
     problem = load_problem("softmax")
     lease = CpuLease(1)
@@ -161,14 +193,14 @@ def run_one_trial(artifact: str, cache: Path, starve: bool) -> Failed:
         artifact_id=artifact,
         threads=1,
         cpus=lease.cpus,
-        limits=validation_limits(problem, 4, CALL_TIMEOUT_S),
+        limits=validation_limits(problem, 4, call_timeout_s),
         cache_dir=cache,
     )
     try:
         assert contender.worker_pid is not None
         groups = plan_trials(problem, "validation", 1, 0)[:1]
         with pytest.raises(Failed) as failed, throttled(contender.worker_pid) if starve else nullcontext():
-            TrialRunner(problem, contender, CALL_TIMEOUT_S).run(groups)
+            TrialRunner(problem, contender, call_timeout_s).run(groups)
         return failed.value
     finally:
         contender.discard()
@@ -191,3 +223,16 @@ def test_a_deadline_missed_while_the_machine_kept_the_worker_off_its_cpu_is_no_v
     assert "too busy" in failure.message and "waiting for one" in failure.message, failure
     # It was given more time before the machine was blamed.
     assert time.monotonic() - started >= (STARVED_PATIENCE + 1) * CALL_TIMEOUT_S
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the kernel makes raw x86-64 system calls")
+def test_a_kernel_that_sleeps_and_spins_only_at_its_deadlines_is_a_timeout(tmp_path: Path) -> None:
+    """At each deadline it is runnable with little CPU time, as a starved worker is; in the looks the parent
+    takes while it waits it is asleep, as a starved worker never is. Its miss is its own, at the first deadline,
+    not the machine's after STARVED_PATIENCE more."""
+    result = compile_source(load_problem("softmax"), DEADLINE_SPINNER, DEFAULT_FLAGS, cache_dir=tmp_path)
+    assert result.verdict == Verdict.ok and result.artifact_id is not None, result.first_error
+    started = time.monotonic()
+    failure = run_one_trial(result.artifact_id, tmp_path, starve=False, call_timeout_s=SPINNER_TIMEOUT_S)
+    assert failure.verdict == Verdict.timeout, failure
+    assert time.monotonic() - started < 2 * SPINNER_TIMEOUT_S

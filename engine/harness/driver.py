@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -39,7 +40,14 @@ from engine.harness import protocol as p
 from engine.harness.cpu import artifact_path, harness_shim
 from engine.harness.sandbox import HARNESS_WORKER, Sandbox, SandboxLimits, SandboxOutcome, SandboxProcess
 from engine.harness.screen import screen_library
-from engine.harness.starvation import STARVED_PATIENCE, CpuTime, Watch, since
+from engine.harness.starvation import (
+    MIN_SAMPLES,
+    SAMPLE_INTERVAL_S,
+    STARVED_PATIENCE,
+    CpuTime,
+    Watch,
+    since,
+)
 from engine.harness.verdicts import Verdict
 from engine.outages import KERNEL_SIGNALS
 from engine.problems import DTYPES, Problem
@@ -388,8 +396,10 @@ class Contender:
         A reply begun by the deadline has ``timeout`` more seconds to arrive whole, or raises ChannelTimeout."""
         deadline = time.monotonic() + timeout
         extended = 0
-        while not p.readable(self.replies, deadline):
-            wait = since(self.sent, self.watch.schedule() if self.watch is not None else None)
+        looks: list[bool] = []
+        while not self._readable_looking(deadline, timeout, looks):
+            wait = since(self.sent, self.watch.schedule() if self.watch is not None else None, looks)
+            looks = []
             if wait is None or not wait.held_by_machine(timeout):
                 raise self._timed_out(late)
             if extended == STARVED_PATIENCE:
@@ -404,6 +414,23 @@ class Contender:
         # Why a fresh deadline: a reply that became readable a microsecond before the deadline must not be cut
         # off half-read for a deadline the worker met.
         return p.read_reply(self.replies, time.monotonic() + timeout, self.reply_limit)
+
+    def _readable_looking(self, deadline: float, timeout: float, looks: list[bool]) -> bool:
+        """Wait for the reply until ``deadline``; while it does not come, look at random moments whether the worker
+        is ready to run, into ``looks`` (engine/harness/starvation.py). A reply that comes at once costs nothing."""
+        if self.watch is None:
+            return p.readable(self.replies, deadline)
+        low, high = SAMPLE_INTERVAL_S
+        cap = timeout / MIN_SAMPLES
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return p.readable(self.replies, now)
+            if p.readable(self.replies, min(deadline, now + min(_LOOKS.uniform(low, high), cap))):
+                return True
+            runnable = self.watch.runnable()
+            if runnable is not None:
+                looks.append(runnable)
 
     def _mark_sent(self) -> None:
         # One clock_gettime (1-2 us measured): it runs before every command, timed batches included.
@@ -588,6 +615,10 @@ def _running(tid: int) -> bool:
         return psutil.Process(tid).status() == psutil.STATUS_RUNNING
     except psutil.Error:
         return False
+
+
+# When the parent looks at a worker that keeps it waiting: drawn here, where no candidate can see the draws.
+_LOOKS = random.Random()
 
 
 def _nbytes(param: p.ParamSpec, shape: dict[str, int]) -> int:

@@ -13,8 +13,16 @@ missed it by itself. A worker that is runnable yet had little CPU time was kept 
 gives it more time (:data:`STARVED_PATIENCE` more deadlines of the same length) and, if the machine never lets
 it run, reports the machine, never the kernel.
 
+One look at the deadline is not enough: a kernel that sleeps and spins only around each deadline it can work
+out (the call's timeout is no secret) looks runnable there with little CPU time -- "held by the machine", so it
+would be retried forever and never judged. So the parent also looks while it waits, at random moments it does
+not announce (:data:`SAMPLE_INTERVAL_S`), and blames the machine only when the worker was ready to run in at least
+:data:`RUNNABLE_SHARE` of those looks too: a worker kept off its CPU is ready to run the whole time, a sleeper
+is not.
+
 Why not the scheduler's run-queue delay: Linux adds a wait to it only when the waiting thread finally gets a
-CPU, so a worker still kept off its CPU at the deadline shows none of it.
+CPU, so a worker still kept off its CPU at the deadline shows none of it (and where schedstats are off, as on
+this project's CI machines, it reads 0 throughout).
 """
 
 from __future__ import annotations
@@ -31,6 +39,11 @@ from typing import Any
 HAD_ITS_CPU = 0.5
 # How many more deadlines of the same length a worker kept off its CPU is given before the machine is blamed.
 STARVED_PATIENCE = 4
+# Looks at the worker while a reply is awaited: every SAMPLE_INTERVAL_S seconds, at random (at least
+# MIN_SAMPLES in each deadline), and the share of them in which it must have been ready to run.
+SAMPLE_INTERVAL_S = (0.05, 0.15)
+MIN_SAMPLES = 8
+RUNNABLE_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -94,11 +107,18 @@ class Watch:
         cpu = self.cpu_time()
         if cpu is None:
             return None
-        runnable = False
+        runnable = self.runnable()
+        if runnable is None:
+            return None
+        return Schedule(cpu=cpu, runnable=runnable)
+
+    def runnable(self) -> bool | None:
+        """Whether some thread of the process is running or ready to run now (state R); None when it is gone."""
         try:
             tasks = os.listdir(f"/proc/{self.pid}/task")
         except OSError:
             return None
+        runnable = False
         for tid in tasks:
             try:
                 with open(f"/proc/{self.pid}/task/{tid}/stat", "rb") as file:
@@ -106,7 +126,7 @@ class Watch:
                     runnable |= file.read().rpartition(b")")[2].split()[0] == b"R"
             except (OSError, IndexError):
                 continue  # a thread that ended between the listing and the read
-        return Schedule(cpu=cpu, runnable=runnable)
+        return runnable
 
 
 @dataclass(frozen=True)
@@ -116,20 +136,31 @@ class Wait:
     wall_ns: int
     ran_ns: int
     runnable: bool
+    runnable_share: float = 1.0
+    """Of the looks taken while the reply was awaited, the share in which the worker was ready to run."""
 
     def held_by_machine(self, deadline_s: float) -> bool:
-        """Ready to run at the deadline, yet it had less than :data:`HAD_ITS_CPU` of the deadline on a CPU."""
-        return self.runnable and self.ran_ns < HAD_ITS_CPU * deadline_s * 1e9
+        """Ready to run at the deadline and in at least :data:`RUNNABLE_SHARE` of the looks before it, yet it had
+        less than :data:`HAD_ITS_CPU` of the deadline on a CPU."""
+        return self.runnable and self.runnable_share >= RUNNABLE_SHARE and self.ran_ns < HAD_ITS_CPU * deadline_s * 1e9
 
     def describe(self) -> str:
         return (
             f"in {self.wall_ns / 1e9:.1f}s the worker ran {self.ran_ns / 1e9:.2f}s on a CPU and "
-            f"{'was still waiting for one' if self.runnable else 'was not waiting for one'}"
+            f"{'was still waiting for one' if self.runnable else 'was not waiting for one'} "
+            f"(ready to run in {self.runnable_share:.0%} of the looks while it was awaited)"
         )
 
 
-def since(sent: CpuTime | None, now: Schedule | None) -> Wait | None:
-    """The wait between a reading at send and one at the deadline; None when either is missing."""
+def since(sent: CpuTime | None, now: Schedule | None, looks: list[bool] | None = None) -> Wait | None:
+    """The wait between a reading at send and one at the deadline, with the looks taken in between (whether the
+    worker was ready to run in each); None when a reading is missing."""
     if sent is None or now is None:
         return None
-    return Wait(wall_ns=now.cpu.at_ns - sent.at_ns, ran_ns=now.cpu.ran_ns - sent.ran_ns, runnable=now.runnable)
+    share = sum(looks) / len(looks) if looks else 1.0
+    return Wait(
+        wall_ns=now.cpu.at_ns - sent.at_ns,
+        ran_ns=now.cpu.ran_ns - sent.ran_ns,
+        runnable=now.runnable,
+        runnable_share=share,
+    )
