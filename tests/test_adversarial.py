@@ -176,6 +176,26 @@ def test_memoizing_by_buffer_finds_no_cheap_drift(cache: Path) -> None:
     assert report.cases and report.cases[0].check == "timed_output", report.cases
 
 
+def test_skipping_the_head_of_each_batch_is_caught(cache: Path) -> None:
+    """The kernel computes only the last 70 calls of each timed batch, the only ones whose outputs could be
+    fetched while a fetch could reach back only over the output slots; now a call drawn anywhere in the batch is
+    kept and checked. The budget makes batches long (well over twice the output slots), so most of each is
+    skipped. Where the kernel misreads a batch's start (a pause inside a batch on a loaded machine) it only skips
+    more: the verdict cannot turn into ok that way."""
+    problem = load_problem("softmax")
+    artifact = compiled(problem, (CORPUS / "skips_the_unchecked_head.c").read_text(), cache)
+    (report,) = benchmark_artifact(
+        problem,
+        artifact,
+        [Reference(kind="numpy", label="numpy")],
+        budget_s=8.0,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+    )
+    assert report.verdict == Verdict.incorrect, report.model_dump_json(indent=1)
+    assert report.cases and report.cases[0].check == "timed_output", report.cases
+
+
 def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:
     problem = load_problem(CORPUS / "problems" / "heavy_copy")
     report = benchmark(problem, problem.seed_source(), cache)

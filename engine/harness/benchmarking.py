@@ -16,9 +16,11 @@ How a candidate is timed, in one place:
    under 1% of it (``handshake_share`` in the report);
 4. timed rounds: one batch per contender per round, in a fresh random order each round, until the shape's
    share of the time budget (in proportion to its weight) is spent;
-5. after a few random rounds the parent fetches the output of a random recent candidate call and checks it
-   against the reference computed from the same seed and drift (a kernel that is only wrong when timed, or
-   skips calls in a batch, is caught);
+5. every batch copies aside the output of one call the parent draws in secret, anywhere in the batch (every
+   contender's, so all pay the same copy); after a few rounds drawn in secret the parent fetches the candidate's
+   and checks it against the reference computed from the same seed and drift, and the very last call's too (a
+   kernel that is only wrong when timed, or skips the calls of a batch it guesses are never looked at, is
+   caught: a fetch that could reach back only over the output slots never saw the head of a long batch);
 6. the candidate is validated again in the same process with every validation seed (a kernel that turns
    wrong after N calls is caught).
 
@@ -175,7 +177,8 @@ class _ShapeTimer:
         contender = self.contenders[which]
         calls = self.calls[which]
         timeout = self.call_timeout_s + 20 * calls * self.per_call_ns[which] / 1e9
-        elapsed = contender.timed_batch(calls, timeout)
+        keep = _SECRET.randrange(calls) if calls else -1
+        elapsed = contender.timed_batch(calls, timeout, keep)
         contender.pause()
         return elapsed
 
@@ -528,16 +531,17 @@ def _time_shape(
     """Handshake, warm-up and timed rounds of one shape, with the candidate's outputs checked after a few
     random rounds and after the last: per-call times by round, and the first wrong output's evidence."""
     candidate = timer.contenders[0]
-    checked_rounds = _checked_rounds(rng)
+    checked_rounds = _checked_rounds(_SECRET)
     fetched: list[tuple[p.Reply, bytearray]] = []
 
     def after_candidate(round_index: int) -> None:
         # Only fetched here (the bytes leave the worker before more candidate code runs); judged after the
-        # rounds, so computing references does not eat into the timing budget.
+        # rounds, so computing references does not eat into the timing budget. A checked round's output is
+        # its batch's kept call, anywhere in the batch (Go.keep); the very last call is fetched too.
         if round_index >= 0 and round_index not in checked_rounds:
             return
-        back = 0 if round_index < 0 else rng.randrange(min(timer.calls[0], out_slots))
-        fetched.append(candidate.request(p.Fetch(back=back), timeout=call_timeout_s, what="fetching outputs"))
+        fetch = p.Fetch(back=0, kept=round_index >= 0)
+        fetched.append(candidate.request(fetch, timeout=call_timeout_s, what="fetching outputs"))
 
     timer.handshake()
     timer.warm_up()
@@ -558,6 +562,11 @@ def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
             f"the reference point {label!r} failed ({failure.verdict}: {failure.message}); not the candidate's verdict"
         ),
     )
+
+
+# What a candidate must not foresee: which rounds are checked and which call of a batch is kept. Not the
+# benchmark's seeded generator, whose draws are the same in every run and can be worked out from the source.
+_SECRET = random.SystemRandom()
 
 
 def _checked_rounds(rng: random.Random) -> set[int]:

@@ -246,10 +246,11 @@ class Contender:
             failed.who = self.label
             raise
 
-    def timed_batch(self, calls: int, timeout: float) -> int:
-        """Nanoseconds of a batch of ``calls`` calls, by this process's clock, from Go to Done."""
+    def timed_batch(self, calls: int, timeout: float, keep: int = -1) -> int:
+        """Nanoseconds of a batch of ``calls`` calls, by this process's clock, from Go to Done; the output of
+        call ``keep`` (from 0; -1 none) is copied aside for Fetch(kept=True)."""
         try:
-            return self._timed_batch(calls, timeout)
+            return self._timed_batch(calls, timeout, keep)
         except Failed as failed:
             failed.who = self.label
             raise
@@ -306,10 +307,10 @@ class Contender:
         self._after(reply)
         return reply, data
 
-    def _timed_batch(self, calls: int, timeout: float) -> int:
+    def _timed_batch(self, calls: int, timeout: float, keep: int) -> int:
         self._resume()
         nonce = secrets.randbits(62)
-        go = p.Go(nonce=nonce, calls=calls)
+        go = p.Go(nonce=nonce, calls=calls, keep=keep)
         late = f"stopped: a batch of {calls} call(s) ran past {timeout:g}s"
         self._mark_sent()
         self.reply_limit = 0  # Done carries no payload

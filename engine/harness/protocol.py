@@ -130,6 +130,11 @@ class Go(BaseModel):
     kind: Literal["go"] = "go"
     nonce: int = Field(description="Random number the reply must echo.")
     calls: int = Field(description="Calls in the batch; 0 measures the handshake alone.")
+    keep: int = Field(
+        default=-1,
+        description="The call of the batch (from 0) whose output is copied aside at once, for Fetch(kept=True); "
+        "-1: none.",
+    )
 
 
 class Fetch(BaseModel):
@@ -137,6 +142,7 @@ class Fetch(BaseModel):
 
     kind: Literal["fetch"] = "fetch"
     back: int = Field(description="How far back; below the number of output slots.")
+    kept: bool = Field(default=False, description="Send the output the last batch kept (Go.keep) instead.")
 
 
 class Calibrate(BaseModel):

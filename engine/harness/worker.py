@@ -368,7 +368,10 @@ class _Bench:
             }
             for _ in range(command.out_slots)
         ]
-        for slot in self.outputs:
+        # Where a batch's kept call's output is copied (Go.keep), and which call wrote it.
+        self.spare = {q.name: _placed_empty(np, tuple(int(shape[d]) for d in q.shape), q.dtype, 0) for q in self.outs}
+        self.spare_wrote: tuple[int, int, int] = (-1, -1, 0)
+        for slot in [*self.outputs, self.spare]:
             for array in slot.values():
                 _poison(np, array)
         self.bumped = next((q.name for q in arrays if q.role != "out" and q.dtype.startswith("float")), None)
@@ -421,14 +424,24 @@ class _Bench:
 
     def batch(self, go: p.Go) -> p.Done:
         started = time.perf_counter_ns()
-        for _ in range(go.calls):
+        for index in range(go.calls):
             self._call()
+            if index == go.keep:
+                # Copied at once, before the kernel runs again: a kernel that skips the calls of a batch it
+                # guesses are never checked (all but the last output slots' worth) is caught on the kept one,
+                # which the parent draws in secret. Every contender keeps one, so all pay the same copy.
+                q = (self.counter - 1) % len(self.outputs)
+                for name, array in self.outputs[q].items():
+                    self.np.copyto(self.spare[name], array)
+                self.spare_wrote = self.wrote[q]
         return p.Done(nonce=go.nonce, child_ns=time.perf_counter_ns() - started)
 
     def fetch(self, command: p.Fetch) -> tuple[p.Outputs, list[memoryview]]:
-        q = (self.counter - 1 - command.back) % len(self.outputs)
-        i, bump, position = self.wrote[q]
-        arrays = list(self.outputs[q].items())
+        if command.kept:
+            (i, bump, position), arrays = self.spare_wrote, list(self.spare.items())
+        else:
+            q = (self.counter - 1 - command.back) % len(self.outputs)
+            (i, bump, position), arrays = self.wrote[q], list(self.outputs[q].items())
         specs = [p.ArraySpec(name=n, dtype=str(a.dtype), dims=list(a.shape), nbytes=a.nbytes) for n, a in arrays]
         outputs = p.Outputs(
             seed=self.seeds[i] if i >= 0 else -1,
