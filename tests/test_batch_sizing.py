@@ -33,7 +33,9 @@ class SimulatedContender:
         self.per_call_ns = per_call_ns
         self.batches: list[tuple[int, float]] = []
 
-    def timed_batch(self, calls: int, timeout: float) -> int:
+    def timed_batch(self, calls: int, timeout: float, keep: int = -1) -> int:
+        # Every batch that makes calls keeps one of them, anywhere in it; an empty one keeps none.
+        assert keep == -1 if calls == 0 else 0 <= keep < calls, (calls, keep)
         if calls == 0:
             elapsed = self.ping_ns
         elif calls == 1:
