@@ -417,12 +417,16 @@ class Contender:
         return p.read_reply(self.replies, time.monotonic() + timeout, self.reply_limit)
 
     def _readable_looking(self, deadline: float, timeout: float, looks: list[bool]) -> bool:
-        """Wait for the reply until ``deadline``; while it does not come, look at random moments whether the worker
-        is ready to run, into ``looks`` (engine/harness/starvation.py). A reply that comes at once costs nothing."""
+        """Wait for the reply until ``deadline``; in the second half of the wait, look at random moments whether
+        the worker is ready to run, into ``looks`` (engine/harness/starvation.py). Why only then: a reply that
+        comes in time (a batch lasts a twentieth of its deadline or less) is awaited in one select, so the parent
+        never wakes up during a timed batch, on a CPU the worker may share."""
         if self.watch is None:
             return p.readable(self.replies, deadline)
+        if p.readable(self.replies, deadline - timeout / 2):
+            return True
         low, high = SAMPLE_INTERVAL_S
-        cap = timeout / MIN_SAMPLES
+        cap = timeout / 2 / MIN_SAMPLES
         while True:
             now = time.monotonic()
             if now >= deadline:

@@ -15,10 +15,10 @@ it run, reports the machine, never the kernel.
 
 One look at the deadline is not enough: a kernel that sleeps and spins only around each deadline it can work
 out (the call's timeout is no secret) looks runnable there with little CPU time -- "held by the machine", so it
-would be retried forever and never judged. So the parent also looks while it waits, at random moments it does
-not announce (:data:`SAMPLE_INTERVAL_S`), and blames the machine only when the worker was ready to run in at least
-:data:`RUNNABLE_SHARE` of those looks too: a worker kept off its CPU is ready to run the whole time, a sleeper
-is not.
+would be retried forever and never judged. So the parent also looks in the second half of each wait, at random
+moments it does not announce (:data:`SAMPLE_INTERVAL_S`), and blames the machine only when the worker was ready to
+run in at least :data:`RUNNABLE_SHARE` of those looks too: a worker kept off its CPU is ready to run the whole
+time, a sleeper is not.
 
 Why not the scheduler's run-queue delay: Linux adds a wait to it only when the waiting thread finally gets a
 CPU, so a worker still kept off its CPU at the deadline shows none of it (and where schedstats are off, as on
@@ -39,8 +39,8 @@ from typing import Any
 HAD_ITS_CPU = 0.5
 # How many more deadlines of the same length a worker kept off its CPU is given before the machine is blamed.
 STARVED_PATIENCE = 4
-# Looks at the worker while a reply is awaited: every SAMPLE_INTERVAL_S seconds, at random (at least
-# MIN_SAMPLES in each deadline), and the share of them in which it must have been ready to run.
+# Looks at the worker in the second half of a wait for a reply: every SAMPLE_INTERVAL_S seconds, at random (at
+# least MIN_SAMPLES in each deadline), and the share of them in which it must have been ready to run.
 SAMPLE_INTERVAL_S = (0.05, 0.15)
 MIN_SAMPLES = 8
 RUNNABLE_SHARE = 0.8
