@@ -196,6 +196,26 @@ def test_skipping_the_head_of_each_batch_is_caught(cache: Path) -> None:
     assert report.cases and report.cases[0].check == "timed_output", report.cases
 
 
+def test_a_kernel_that_computes_only_into_poison_is_caught(cache: Path) -> None:
+    """The kernel computes only while its output buffer still holds the harness's NaN prefill, so it is honest
+    until every output slot has been written once (65 calls) and stale after. A shape that makes fewer calls
+    than that gets only honest work -- an honest ok, which the corpus's short budget (0.3 s) once gave on a loaded
+    CI machine, its candidate timed at the honest 0.6-0.7 ms a call -- so the budget here makes sure the slots come
+    round again."""
+    problem = load_problem("softmax")
+    artifact = compiled(problem, (CORPUS / "nan_detector.c").read_text(), cache)
+    (report,) = benchmark_artifact(
+        problem,
+        artifact,
+        [Reference(kind="numpy", label="numpy")],
+        budget_s=3.0,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+    )
+    assert report.verdict == Verdict.incorrect, report.model_dump_json(indent=1)
+    assert report.cases and report.cases[0].check == "timed_output", report.cases
+
+
 def test_impossibly_fast_kernel_is_rejected(cache: Path) -> None:
     problem = load_problem(CORPUS / "problems" / "heavy_copy")
     report = benchmark(problem, problem.seed_source(), cache)

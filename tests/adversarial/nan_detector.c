@@ -1,6 +1,7 @@
 // expect: incorrect
 // stage: benchmark
 // check: timed_output
+// dedicated: test_a_kernel_that_computes_only_into_poison_is_caught
 /* Computes only when its output holds the harness's NaN prefill, assuming anything else is its own
  * earlier answer: passes validation (every trial is prefilled), games timing on reused buffers. */
 #include <math.h>
