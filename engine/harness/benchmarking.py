@@ -392,7 +392,7 @@ def benchmark_artifact(
                 if isinstance(reply, p.Failure):
                     raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
-            rows, problem_seen = _time_shape(problem, timer, shape, distribution, n_out, call_timeout_s, rng, kept)
+            rows, problem_seen = _time_shape(problem, timer, shape, distribution, call_timeout_s, kept)
             del kept
             if problem_seen is not None:
                 return failed(Verdict.incorrect, problem_seen)
@@ -523,15 +523,13 @@ def _time_shape(
     timer: _ShapeTimer,
     shape: dict[str, int],
     distribution: str,
-    out_slots: int,
     call_timeout_s: float,
-    rng: random.Random,
     kept: dict[int, dict[str, Any]],
 ) -> tuple[np.ndarray, CaseEvidence | None]:
     """Handshake, warm-up and timed rounds of one shape, with the candidate's outputs checked after a few
     random rounds and after the last: per-call times by round, and the first wrong output's evidence."""
     candidate = timer.contenders[0]
-    checked_rounds = _checked_rounds(_SECRET)
+    checked_rounds = _checked_rounds()
     fetched: list[tuple[p.Reply, bytearray]] = []
 
     def after_candidate(round_index: int) -> None:
@@ -569,10 +567,10 @@ def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
 _SECRET = random.SystemRandom()
 
 
-def _checked_rounds(rng: random.Random) -> set[int]:
+def _checked_rounds() -> set[int]:
     """Rounds after which the candidate's output is fetched: the first, and a few random early ones (every
     shape has at least MIN_ROUNDS rounds); the very last call is fetched too."""
-    return {0, *rng.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 2)}
+    return {0, *_SECRET.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 2)}
 
 
 def check_timed_output(
