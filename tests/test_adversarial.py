@@ -75,12 +75,18 @@ def validate(problem: Problem, source: str, cache: Path, isolation: str = "auto"
     )
 
 
-def benchmark(problem: Problem, source: str, cache: Path, reference: Reference | None = None) -> BenchmarkReport:
+def benchmark(
+    problem: Problem,
+    source: str,
+    cache: Path,
+    reference: Reference | None = None,
+    budget_s: float = BUDGET_S,
+) -> BenchmarkReport:
     artifact = compiled(problem, source, cache)
     if reference is None:
         reference = Reference(kind="numpy", label="numpy")
     (report,) = benchmark_artifact(
-        problem, artifact, [reference], budget_s=BUDGET_S, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S
+        problem, artifact, [reference], budget_s=budget_s, cache_dir=cache, call_timeout_s=CALL_TIMEOUT_S
     )
     return report
 
@@ -162,15 +168,8 @@ def test_memoizing_by_buffer_finds_no_cheap_drift(cache: Path) -> None:
     """The kernel recomputes only the row where the drift used to be and copies the rest from memory: it must
     be caught on a timed call's output. It only cheats when an input buffer comes back, so the budget is large
     enough for every shape to go round its pool of input slots (at most 64) a few times."""
-    problem = load_problem("softmax")
-    artifact = compiled(problem, (CORPUS / "patches_the_drifted_element.c").read_text(), cache)
-    (report,) = benchmark_artifact(
-        problem,
-        artifact,
-        [Reference(kind="numpy", label="numpy")],
-        budget_s=3.0,
-        cache_dir=cache,
-        call_timeout_s=CALL_TIMEOUT_S,
+    report = benchmark(
+        load_problem("softmax"), (CORPUS / "patches_the_drifted_element.c").read_text(), cache, budget_s=3.0
     )
     assert report.verdict == Verdict.incorrect, report.model_dump_json(indent=1)
     assert report.cases and report.cases[0].check == "timed_output", report.cases
@@ -182,15 +181,8 @@ def test_skipping_the_head_of_each_batch_is_caught(cache: Path) -> None:
     kept and checked. The budget makes batches long (well over twice the output slots), so most of each is
     skipped. Where the kernel misreads a batch's start (a pause inside a batch on a loaded machine) it only skips
     more: the verdict cannot turn into ok that way."""
-    problem = load_problem("softmax")
-    artifact = compiled(problem, (CORPUS / "skips_the_unchecked_head.c").read_text(), cache)
-    (report,) = benchmark_artifact(
-        problem,
-        artifact,
-        [Reference(kind="numpy", label="numpy")],
-        budget_s=8.0,
-        cache_dir=cache,
-        call_timeout_s=CALL_TIMEOUT_S,
+    report = benchmark(
+        load_problem("softmax"), (CORPUS / "skips_the_unchecked_head.c").read_text(), cache, budget_s=8.0
     )
     assert report.verdict == Verdict.incorrect, report.model_dump_json(indent=1)
     assert report.cases and report.cases[0].check == "timed_output", report.cases
@@ -202,16 +194,7 @@ def test_a_kernel_that_computes_only_into_poison_is_caught(cache: Path) -> None:
     than that gets only honest work -- an honest ok, which the corpus's short budget (0.3 s) once gave on a loaded
     CI machine, its candidate timed at the honest 0.6-0.7 ms a call -- so the budget here makes sure the slots come
     round again."""
-    problem = load_problem("softmax")
-    artifact = compiled(problem, (CORPUS / "nan_detector.c").read_text(), cache)
-    (report,) = benchmark_artifact(
-        problem,
-        artifact,
-        [Reference(kind="numpy", label="numpy")],
-        budget_s=3.0,
-        cache_dir=cache,
-        call_timeout_s=CALL_TIMEOUT_S,
-    )
+    report = benchmark(load_problem("softmax"), (CORPUS / "nan_detector.c").read_text(), cache, budget_s=3.0)
     assert report.verdict == Verdict.incorrect, report.model_dump_json(indent=1)
     assert report.cases and report.cases[0].check == "timed_output", report.cases
 
