@@ -48,6 +48,7 @@ from engine.harness.starvation import (
     Watch,
     since,
 )
+from engine.harness.tripwire import tripped_event
 from engine.harness.verdicts import Verdict
 from engine.outages import KERNEL_SIGNALS
 from engine.problems import DTYPES, Problem
@@ -571,6 +572,14 @@ class Contender:
                 Verdict.forbidden,
                 "protocol",
                 "the worker's command pipe carried garbage: the candidate read or wrote it",
+            )
+        if code == p.EXIT_INTERPRETER:
+            event = tripped_event(outcome.output_tail)
+            return Failed(
+                Verdict.forbidden,
+                "interpreter",
+                f"the kernel ran code in the worker's Python interpreter during {what} (audit event "
+                f"{event or 'unknown'}): kernels may only compute on their arguments",
             )
         if code == p.EXIT_WORKER_ERROR:
             return Failed(

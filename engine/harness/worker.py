@@ -16,7 +16,8 @@ Start-up, in this order (the candidate's code can run only after the last step):
 3. install the seccomp filter's load stage, load the library (the static screen has made sure no code of
    it runs at load time), then the run stage: from here on the process can read and write the descriptors
    it has, use memory, futexes and clocks, and exit -- nothing else;
-4. reply Ready and serve commands until Finish, then leave with ``os._exit`` (no exit handlers run).
+4. arm the tripwire on the interpreter (engine/harness/tripwire.py) for a candidate's library;
+5. reply Ready and serve commands until Finish, then leave with ``os._exit`` (no exit handlers run).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,7 @@ class Worker:
 
     def start(self, plan: p.Plan) -> p.Ready:
         # Imported now: after the uid drop the engine's files may be unreadable, after the filter unopenable.
+        from engine.harness import tripwire
         from engine.harness.privileges import drop_privileges
         from engine.harness.seccomp import confine
 
@@ -138,6 +141,9 @@ class Worker:
             ctypes.CDLL(str(self.dir / plan.shim)).kf_install_fatal_handlers(self.fatal_fd)
         import numpy
 
+        # A warning printed once confined would open its source file (refused): never print one.
+        numpy.seterr(all="ignore")
+        warnings.simplefilter("ignore")
         self.np = numpy
         if plan.problem_py:
             spec = importlib.util.spec_from_file_location("kf_sandboxed_problem", self.dir / plan.problem_py)
@@ -173,6 +179,9 @@ class Worker:
             self.function.restype = None
         if plan.confine:
             confine("run", threads=plan.threads)
+        if plan.contender == "artifact":
+            # Before any of the candidate's code has run (the screen allows none at load time).
+            tripwire.arm()
         return p.Ready(confined=plan.confine, uid=os.getuid())
 
     # -- validation --------------------------------------------------------------------------------------
