@@ -128,8 +128,11 @@ ALLOWED_FLAGS = frozenset(
 # -DNAME or -DNAME=VALUE with a plain value: template parameters can come in as macros.
 _DEFINE = re.compile(r"^-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+\-]*)?$")
 LOG_LIMIT = 8192
+# 2 GiB of address space per compiler process: an honest kernel (every template setting of the built-in
+# spaces) compiles in well under 100 MB, while a preprocessor bomb (macros doubling 2^30 times) grew cc1 to
+# 7.8 GB under the 8 GiB this used to allow, and a few such compiles at once would call in the OOM killer.
 COMPILE_LIMITS = SandboxLimits(
-    wall_seconds=120, cpu_seconds=120, address_space_bytes=8 << 30, file_size_bytes=256 << 20, processes=32
+    wall_seconds=120, cpu_seconds=120, address_space_bytes=2 << 30, file_size_bytes=256 << 20, processes=32
 )
 _QUOTE = "['‘’`\"]"
 
