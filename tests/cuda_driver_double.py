@@ -12,7 +12,10 @@ parameter block points at:
 - ``out_of_bounds``: writes the reference, then 4 bytes past the end of its first output;
 - ``hang``: the next synchronization never returns (the parent's watchdog must end it);
 - ``fault``: the next synchronization fails with CUDA_ERROR_ILLEGAL_ADDRESS, and so does every call after it;
-- ``refused``: the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
+- ``refused``: the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+- ``memoizes_by_buffer``: remembers its first answer for each set of input buffers and, on later launches on
+  the same buffers, writes that answer back with only its first element computed afresh (a kernel that bets
+  the harness's drift only ever changes element 0).
 
 Events read the host clock when recorded (work runs when it is queued), so timings are real, if slow.
 """
@@ -231,6 +234,7 @@ class _Kernel:
         self.folder = document["problem_folder"]
         self.problem: Any = None
         self.max_shared = 48 * 1024  # the driver's default; cuFuncSetAttribute sets it, the last value wins
+        self.memo: dict[tuple[Any, ...], Any] = {}  # memoizes_by_buffer: (output, shape, input buffers) -> answer
 
     def run(self, block: int) -> None:
         if self.problem is None:
@@ -265,6 +269,15 @@ class _Kernel:
             result = np.asarray(reference[param["name"]], dtype=np.float64)
             if self.behaviour == "wrong":
                 result = result + 1.0
+            if self.behaviour == "memoizes_by_buffer":
+                buffers = (values[p["name"]] for p in self.params if p["role"] == "in")
+                key = (param["name"], *sorted(shape.items()), *buffers)
+                if key in self.memo:
+                    fresh = result.reshape(-1)[0]
+                    result = self.memo[key].copy()
+                    result.reshape(-1)[0] = fresh
+                else:
+                    self.memo[key] = result.copy()
             target = arrays[param["name"]]
             if param["dtype"] == "bfloat16":
                 target[...] = self.to_bf16(result.astype(np.float32)).reshape(target.shape)

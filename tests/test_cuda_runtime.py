@@ -545,6 +545,22 @@ def test_a_kernel_wrong_only_when_timed_is_caught(folders: dict[str, Path], cach
     assert math.isclose(report.speedup, 0.0)
 
 
+def test_a_kernel_that_memoizes_by_buffer_finds_no_cheap_drift(folders: dict[str, Path], cache: Path) -> None:
+    # Each use of an input set drifts an element drawn at random, so recomputing only element 0 of a
+    # remembered answer is wrong on the fetched output (it was right while the drift only moved element 0).
+    memoizer = install_double_artifact(folders["scale"], "memoizes_by_buffer", cache)
+    seed = install_double_artifact(folders["scale"], "correct", cache)
+    (report,) = benchmark_cuda(
+        load_problem(folders["scale"]),
+        memoizer,
+        [Reference(kind="artifact", artifact_id=seed, label="seed")],
+        budget_s=0.3,
+        cache_dir=cache,
+        driver_module=DOUBLE,
+    )
+    assert report.verdict == Verdict.incorrect and report.cases[0].check == "timed_output", report.message
+
+
 def test_a_failing_reference_is_never_the_candidates_verdict(folders: dict[str, Path], cache: Path) -> None:
     good = install_double_artifact(folders["scale"], "correct", cache)
     broken = install_double_artifact(folders["scale"], "fault", cache)

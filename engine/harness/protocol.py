@@ -28,7 +28,6 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 # element of its first float input, drawn at random for each use (the previous use's element is restored first),
 # so no input repeats exactly and a kernel cannot know where it changed without reading all of it: one that
 # memoizes answers by buffer and recomputes only the part that can have changed finds nothing cheap to skip.
-# (The CUDA child still drifts the first element: engine/harness/cuda/worker.py.)
 BUMP_CYCLE = 8
 BUMP_STEP = 1 / 64
 # Exit statuses of the worker (the init reports them).

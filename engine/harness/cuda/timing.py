@@ -16,8 +16,9 @@
 4. Several input sets are resident and cycled (:func:`rotation_plan`), with output slots on a period one
    longer, so consecutive calls never see the same input/output pointers: a kernel that caches its answer
    by pointer in a device global returns another input's answer and fails the output check. And, as on the
-   CPU, each use of an input set changes its first element slightly (protocol.BUMP_STEP, outside the timed
-   region), so no input repeats exactly and an answer remembered by (input, output) pair is stale.
+   CPU, each use of an input set changes one element slightly, drawn at random for each use (protocol.BUMP_STEP,
+   outside the timed region), so no input repeats exactly, an answer remembered by (input, output) pair is
+   stale, and finding what changed means reading the whole input.
 5. Rounds interleave the contenders (A B C, B C A, C A B, ...: :func:`round_order`), so slow drift (clocks,
    temperature, a neighbour on the PCIe bus) hits every contender alike; the parent pairs the calls of a
    round and computes the ratio with its confidence interval (engine.harness.stats).

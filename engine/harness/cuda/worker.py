@@ -31,6 +31,7 @@ for _entry in reversed(os.environ.get("KF_IMPORT_PATHS", "").split(os.pathsep)):
         sys.path.insert(0, _entry)
 
 import importlib  # noqa: E402
+import random  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
@@ -51,6 +52,10 @@ from engine.harness.cuda.layout import (  # noqa: E402
     storage_dtype,
 )
 from engine.harness.cuda.timing import EventClock, TimedCall, round_order  # noqa: E402
+
+# Where each use's drift lands (Bench.bump): drawn from the system's randomness, on the host, where no kernel
+# reads.
+_DRIFT = random.Random()
 
 
 class Fatal(Exception):
@@ -336,13 +341,14 @@ class ModuleCall:
         self.index = index
         self.count = 0
         self.last_bump = -1
+        self.last_position = 0
         self.pointers: dict[str, int] = {}
 
     def prepare(self) -> None:
         bench = self.bench
         i, o = self.count % len(bench.inputs), self.count % bench.out_slots
         self.count += 1
-        self.last_bump = bench.bump(self.index, i)
+        self.last_bump, self.last_position = bench.bump(self.index, i)
         slot, out = bench.inputs[i], bench.outputs[self.index][o]
         self.pointers = {}
         for q in self.params:
@@ -428,12 +434,14 @@ class Bench:
         self.outs = [q for q in plan.params if q.role in ("out", "inout")]
         self.inputs: list[dict[str, int]] = []
         self.scalars = command.scalars
-        # The input whose first element drifts with every use of its set (as on the CPU: protocol.BUMP_STEP):
+        # The input one element of which drifts with every use of its set (as on the CPU: protocol.BUMP_STEP):
         # the first float array that is not an output -- the one the parent replays the drift on to check a
         # timed output (engine/harness/benchmarking.py check_timed_output). None drifts where that is bfloat16.
         drifting = next((q for q in plan.params if q.role in ("in", "inout") and "float" in q.dtype), None)
         self.bumped = drifting if drifting is not None and drifting.dtype in ("float32", "float64") else None
-        self.base0: list[Any] = []
+        # Per input set: the drifting array as uploaded (host copy), and the element the last use drifted.
+        self.pristine: list[Any] = []
+        self.drifted: list[int] = []
         offset = 0
         for specs in command.arrays:
             slot = {}
@@ -441,9 +449,10 @@ class Bench:
                 address = self.alloc(spec.nbytes)
                 gpu.upload(address, np.frombuffer(payload, dtype=np.uint8, count=spec.nbytes, offset=offset))
                 if self.bumped is not None and spec.name == self.bumped.name:
-                    self.base0.append(
-                        np.frombuffer(payload, dtype=storage_dtype(spec.dtype), count=1, offset=offset)[0]
-                    )
+                    storage = storage_dtype(spec.dtype)
+                    count = spec.nbytes // storage.itemsize
+                    self.pristine.append(np.frombuffer(payload, dtype=storage, count=count, offset=offset).copy())
+                    self.drifted.append(0)
                 offset += spec.nbytes
                 slot[spec.name] = address
             self.inputs.append(slot)
@@ -467,20 +476,25 @@ class Bench:
                     self.unusable[index] = "".join(traceback.format_exception_only(error)).strip()[-1500:]
         gpu.synchronize("cuStreamSynchronize (after uploading the input sets)")
 
-    def bump(self, contender: int, slot: int) -> int:
-        """Before a call of ``contender`` on input set ``slot``: write the set's drifted first element (outside
-        the timed region); the drift's step, or -1 where no input drifts."""
+    def bump(self, contender: int, slot: int) -> tuple[int, int]:
+        """Before a call of ``contender`` on input set ``slot`` (outside the timed region): put back the element
+        the set's last use drifted, and drift one drawn at random. The drift's (step, element), or (-1, 0)
+        where no input drifts. The element is never the same one for long, so a kernel that remembers each
+        set's answer must read the whole input to find what changed (as on the CPU, engine/harness/worker.py)."""
         if self.bumped is None:
-            return -1
+            return -1, 0
         uses = self.uses.setdefault(contender, [0] * len(self.inputs))
         step = uses[slot] % p.BUMP_CYCLE
         uses[slot] += 1
+        pristine, address = self.pristine[slot], self.inputs[slot][self.bumped.name]
+        itemsize = pristine.dtype.itemsize
+        last = self.drifted[slot]
+        self.gpu.upload(address + last * itemsize, pristine[last : last + 1])
+        position = self.drifted[slot] = _DRIFT.randrange(pristine.size)
         # The same float32 arithmetic the parent replays (engine/harness/benchmarking.py check_timed_output).
-        value = np.asarray(
-            self.base0[slot] + np.float32((step + 1) * p.BUMP_STEP), dtype=storage_dtype(self.bumped.dtype)
-        )
-        self.gpu.upload(self.inputs[slot][self.bumped.name], value)
-        return step
+        value = np.asarray(pristine[position] + np.float32((step + 1) * p.BUMP_STEP), dtype=pristine.dtype)
+        self.gpu.upload(address + position * itemsize, value)
+        return step, position
 
     def alloc(self, nbytes: int) -> int:
         """A device buffer freed with the shape's others."""
@@ -509,7 +523,11 @@ class Bench:
             specs.append(p.ArraySpec(name=q.name, dtype=str(storage), dims=self.dims[q.name], nbytes=host.nbytes))
             pieces.append(host.view(np.uint8).data)
         outputs = p.Outputs(
-            seed=self.seeds[i], bump=call.last_bump, arrays=specs, payload_bytes=sum(s.nbytes for s in specs)
+            seed=self.seeds[i],
+            bump=call.last_bump,
+            position=call.last_position,
+            arrays=specs,
+            payload_bytes=sum(s.nbytes for s in specs),
         )
         return outputs, pieces
 
