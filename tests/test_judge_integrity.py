@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import platform
 import re
+import secrets
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from engine.harness.verdicts import Verdict
 from engine.problems import Problem, load_problem
 
 HOSTILE = Path(__file__).parent / "hostile"
+ROOT = Path(__file__).parent.parent
 SEEDS = 1
 CALL_TIMEOUT_S = 2.0
 BUDGET_S = 0.3
@@ -165,6 +168,53 @@ def test_garbage_on_the_reply_pipe_is_refused(garbage: bytes) -> None:
     finally:
         os.close(read)
         os.close(write)
+
+
+# Reads one command the way the worker does, says so, and waits to be killed.
+_READS_A_COMMAND = """
+import sys, time
+from engine.harness import protocol as p
+p.read_command(0)
+sys.stdout.write("read\\n")
+sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+def test_a_commands_text_is_gone_from_the_workers_memory_once_read() -> None:
+    """A kernel shares its worker's memory: a Go's text left behind in a freed buffer tells one that scans the
+    heap which call of the batch the parent keeps (Go.keep). The reader wipes it, and so must every copy it
+    makes (pydantic copies a bytearray before parsing it)."""
+    nonce = secrets.randbits(62)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READS_A_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT
+    )
+    try:
+        assert reader.stdin is not None and reader.stdout is not None
+        p.write_message(reader.stdin.fileno(), p.Go(nonce=nonce, calls=1000, keep=123))
+        assert reader.stdout.readline() == b"read\n"
+        text = f'"nonce":{nonce}'.encode()
+        found = []
+        try:
+            with open(f"/proc/{reader.pid}/maps") as maps:
+                regions = [line.split()[:2] for line in maps]
+            with open(f"/proc/{reader.pid}/mem", "rb", 0) as memory:
+                for span, permissions in regions:
+                    if "r" not in permissions:
+                        continue
+                    low, high = (int(end, 16) for end in span.split("-"))
+                    try:
+                        memory.seek(low)
+                        if text in memory.read(high - low):
+                            found.append(span)
+                    except (OSError, ValueError, OverflowError):
+                        continue  # [vvar] and the like cannot be read
+        except PermissionError:
+            pytest.skip("this machine does not let a process read its child's memory")
+        assert not found, f"the Go's text is still in the reader's memory at {found}"
+    finally:
+        reader.kill()
+        reader.wait()
 
 
 def test_a_silent_worker_times_out() -> None:
