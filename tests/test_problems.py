@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 
 from engine.errors import UnknownProblemError, UserError
+from engine.harness.benchmarking import Reference, benchmark_artifact
+from engine.harness.cpu import DEFAULT_FLAGS, compile_source
+from engine.harness.verdicts import Verdict
 from engine.problems import Problem, builtin_problems, load_problem
 
 SUITE = ["add_rmsnorm", "bias_gelu", "kda", "l2norm", "matmul", "rmsnorm", "softmax"]
@@ -278,6 +281,25 @@ def test_docs_example_is_a_working_problem_folder(tmp_path: Path) -> None:
             assert _worst_ratio(problem, problem.baseline(inputs, shape), ref, shape, inputs) <= 1
     assert "#define UNROLL 4" in problem.render_template({"UNROLL": 4, "SIMD": 0})
     assert load_problem(tmp_path / "scale" / "problem.py").folder == problem.folder
+
+
+def test_the_docs_examples_seed_is_timed_ok_with_a_scalar_drawn_per_input(tmp_path: Path) -> None:
+    """Its make_inputs draws alpha at random, so every input slot of the benchmark pool has an alpha of its own:
+    a call must get its slot's alpha, or the fetched output is checked against the wrong one (every correct
+    kernel was judged incorrect while the worker passed the first slot's scalars to every call)."""
+    folder = _docs_example(tmp_path / "scale")
+    problem = load_problem(folder)
+    compiled = compile_source(problem, (folder / "seed.c").read_text(), DEFAULT_FLAGS, cache_dir=tmp_path / "cache")
+    assert compiled.verdict == Verdict.ok and compiled.artifact_id is not None, compiled.first_error
+    (report,) = benchmark_artifact(
+        problem,
+        compiled.artifact_id,
+        [Reference(kind="numpy", label="numpy")],
+        budget_s=0.3,
+        cache_dir=tmp_path / "cache",
+        revalidate=False,
+    )
+    assert report.verdict == Verdict.ok, report.message
 
 
 def test_inputs_of_the_wrong_shape_name_the_parameter_and_the_fix(tmp_path: Path) -> None:

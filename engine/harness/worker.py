@@ -393,7 +393,11 @@ class _Bench:
         # (input slot, bump, drifted element) of the call that last wrote each output slot.
         self.wrote: list[tuple[int, int, int]] = [(-1, -1, 0)] * len(self.outputs)
         self.shape = shape
-        self.scalars = {q.name: _scalar(q, shape, self.inputs[0]) for q in plan.params if not q.is_array}
+        # Each input slot's own scalars (a problem may draw them with its inputs, e.g. a random alpha): the
+        # parent checks a fetched output against the slot's seed, scalars included.
+        self.scalars = [
+            {q.name: _scalar(q, shape, slot) for q in plan.params if not q.is_array} for slot in self.inputs
+        ]
         self.numpy = plan.contender == "numpy"
         self.baseline = worker.module.baseline if self.numpy else None
         self.function = worker.function
@@ -424,9 +428,10 @@ class _Bench:
             return
         for name in self.inouts:
             self.np.copyto(out[name], slot[name])  # an inout (state) starts from its pristine value
+        scalars = self.scalars[i]
         self.function(
             *[
-                (out[q.name] if q.role != "in" else slot[q.name]).ctypes.data if q.is_array else self.scalars[q.name]
+                (out[q.name] if q.role != "in" else slot[q.name]).ctypes.data if q.is_array else scalars[q.name]
                 for q in self.params
             ]
         )
