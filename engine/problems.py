@@ -848,11 +848,24 @@ def _check_declarations(folder: Path, module: ProblemModule, params: tuple[Param
         )
 
 
+def _check_inside(folder: Path, declaration: str, name: object) -> None:
+    """A file problem.py names lies in its folder: a problem travels as its folder (a search records it by
+    path, a worker on another machine gets the folder), and a name like '/etc/passwd' or '../other/seed.c'
+    would make a kernel of whatever file sits there."""
+    path = folder / str(name)
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise UserError(
+            f"{folder / 'problem.py'}: {declaration} is {str(name)!r}, which is outside {folder}; name a file in "
+            "the problem's folder (copy it there)"
+        )
+
+
 def _check_kernel_files(folder: Path, module: ProblemModule, names: _Declarations) -> None:
-    """A backend's seed file exists; a template comes with a space of non-empty value lists that names every
-    placeholder it has, and ``template_allows`` is a function."""
+    """A backend's seed file exists in the folder; a template comes with a space of non-empty value lists that
+    names every placeholder it has, and ``template_allows`` is a function."""
     where = folder / "problem.py"
     seed = str(getattr(module, names.seed, names.default_seed))
+    _check_inside(folder, names.seed, seed)
     if not (folder / seed).is_file():
         raise UserError(
             f"{where}: {names.seed} is {seed!r}, which is not a file in {folder}; add the naive kernel there "
@@ -865,6 +878,7 @@ def _check_kernel_files(folder: Path, module: ProblemModule, names: _Declaration
     template = getattr(module, names.template, None)
     if template is None:
         return
+    _check_inside(folder, names.template, template)
     if not (folder / str(template)).is_file():
         raise UserError(f"{where}: {names.template} names {template!r}, which is not a file in {folder}")
     space = getattr(module, names.template_params, None)
@@ -903,10 +917,12 @@ def _check_cuda_declarations(folder: Path, module: ProblemModule) -> None:
     """The CUDA seed and template files exist, a template comes with its parameters, the baseline is callable."""
     where = folder / "problem.py"
     seed = str(getattr(module, "CUDA_SEED", "seed.cu"))
+    _check_inside(folder, "CUDA_SEED", seed)
     if not (folder / seed).is_file():
         raise UserError(f"{where}: CUDA_SEED names {seed!r}, which is not in {folder}; add the naive CUDA kernel")
     template = getattr(module, "CUDA_TEMPLATE", None)
     if template is not None:
+        _check_inside(folder, "CUDA_TEMPLATE", template)
         if not (folder / str(template)).is_file():
             raise UserError(f"{where}: CUDA_TEMPLATE names {template!r}, which is not in {folder}")
         if not getattr(module, "CUDA_TEMPLATE_PARAMS", None):

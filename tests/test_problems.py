@@ -326,6 +326,16 @@ def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
         ('({"n": 1 << 16}, 1.0)', '({"n": 1 << 16}, 0.0)', "weight > 0"),
         ('"shape": ["n"]},\n    {"name": "y"', '"shape": ["len"]},\n    {"name": "y"', r"shaped by \['len'\]"),
         ('TOLERANCES = {"float32"', 'TOLERANCES = {"float64"', "no entry for output dtype"),
+        (
+            'TEMPLATE = "template.c"',
+            'SEED = "/etc/hostname"\nTEMPLATE = "template.c"',
+            "SEED is '/etc/hostname', which is outside",
+        ),
+        (
+            'TEMPLATE = "template.c"',
+            'TEMPLATE = "../elsewhere/template.c"',
+            "TEMPLATE is '../elsewhere/template.c', which is outside",
+        ),
     ],
 )
 def test_malformed_declarations_are_reported_with_the_fix(tmp_path: Path, old: str, new: str, message: str) -> None:
