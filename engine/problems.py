@@ -458,8 +458,12 @@ class Problem:
                 )
             value = inputs[p.name]
             if p.role == "scalar":
-                if np.ndim(value) != 0:
-                    raise ProblemDefinitionError(f"{where}: scalar {p.name!r} must be a single number, got {value!r}")
+                problem = _scalar_problem(value, p.dtype)
+                if problem:
+                    raise ProblemDefinitionError(
+                        f"{where}: scalar {p.name!r} is {value!r}, {problem}; return a {p.dtype} number "
+                        f"(e.g. np.{p.dtype}(...))"
+                    )
                 continue
             want = p.dims(shape)
             if (
@@ -846,6 +850,32 @@ def _check_declarations(folder: Path, module: ProblemModule, params: tuple[Param
             f"{where}: TOLERANCES has no entry for output dtype(s) {missing}; "
             "add {dtype: {'atol': ..., 'rtol': ...}}"
         )
+
+
+def _scalar_problem(value: Any, dtype: str) -> str | None:
+    """What is wrong with ``value`` as a scalar argument of C type ``dtype``, or None: it must be one real
+    number that the C type holds as it is (a kernel gets it converted: a string fails deep in the harness, an
+    int32 past 2**31 wraps, a float32 past 3.4e38 becomes inf, and the kernel would be blamed for either)."""
+    if (
+        np.ndim(value) != 0
+        or isinstance(value, bool | np.bool_)
+        or not isinstance(value, int | float | np.number)
+        or np.iscomplexobj(value)
+    ):
+        return "not a single real number"
+    kind = np.dtype(DTYPES[dtype])
+    if kind.kind in "iu":
+        if not float(value).is_integer():
+            return f"not a whole number, which a {dtype} argument needs"
+        limits = np.iinfo(kind)
+        if not limits.min <= int(value) <= limits.max:
+            return f"outside the {dtype} range [{limits.min}, {limits.max}]"
+        return None
+    if not math.isfinite(float(value)):
+        return "not finite"
+    if abs(float(value)) > float(np.finfo(kind).max):
+        return f"outside the {dtype} range (it would become inf)"
+    return None
 
 
 def _check_inside(folder: Path, declaration: str, name: object) -> None:

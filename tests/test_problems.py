@@ -311,6 +311,24 @@ def test_inputs_of_the_wrong_shape_name_the_parameter_and_the_fix(tmp_path: Path
         problem.make_inputs({"n": 7}, "normal", 0)
 
 
+@pytest.mark.parametrize(
+    ("alpha", "message"),
+    [
+        ('"abc"', "not a single real number"),
+        ("None", "not a single real number"),
+        ("np.float64(1e39)", r"outside the float32 range \(it would become inf\)"),
+        ("float('nan')", "not finite"),
+        ("1 + 2j", "not a single real number"),
+    ],
+)
+def test_a_scalar_the_c_type_cannot_hold_is_named(tmp_path: Path, alpha: str, message: str) -> None:
+    folder = _docs_example(tmp_path / "scale")
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(source.replace("np.float32(rng.uniform(0.5, 2.0))", alpha))
+    with pytest.raises(UserError, match=rf"scalar 'alpha' is .*, {message}; return a float32 number"):
+        load_problem(folder).make_inputs({"n": 7}, "normal", 0)
+
+
 def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
     folder = _docs_example(tmp_path / "scale")
     source = (folder / "problem.py").read_text()
