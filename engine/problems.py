@@ -866,14 +866,14 @@ def _scalar_problem(value: Any, dtype: str) -> str | None:
     kind = np.dtype(DTYPES[dtype])
     if kind.kind in "iu":
         if not float(value).is_integer():
-            return f"not a whole number, which a {dtype} argument needs"
-        limits = np.iinfo(kind)
+            return f"not a whole number, which {dtype} arguments need"
+        limits = np.iinfo(str(kind))
         if not limits.min <= int(value) <= limits.max:
             return f"outside the {dtype} range [{limits.min}, {limits.max}]"
         return None
     if not math.isfinite(float(value)):
         return "not finite"
-    if abs(float(value)) > float(np.finfo(kind).max):
+    if abs(float(value)) > float(np.finfo(str(kind)).max):
         return f"outside the {dtype} range (it would become inf)"
     return None
 

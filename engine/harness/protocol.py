@@ -104,6 +104,11 @@ class Trial(BaseModel):
     scalars: dict[str, float | int] = Field(default_factory=dict, description="Scalar arguments.")
     inputs: list[ArraySpec] = Field(description="Input arrays in the payload, in order.")
     guard: int = Field(description="Bytes of guard before and after each region (the pattern is in the payload).")
+    shifts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Bytes each array's data lies past a 64-byte boundary (absent: 0); applied when the shape's "
+        "regions are made.",
+    )
     poison: int = Field(default=0, description="Which output pre-fill: 0 NaN, 1 another NaN payload.")
     reuse_regions: bool = Field(
         default=True, description="Keep the shape's regions from the previous trial (exposes caching)."

@@ -58,6 +58,8 @@ class Trial:
     shape: dict[str, int]
     distribution: str
     seed: int
+    shifts: tuple[tuple[str, int], ...] = ()
+    """Bytes each array's data lies past a 64-byte boundary (absent: 0), the same for every trial of a shape."""
 
 
 def trial_seed(base_seed: int, phase: str, shape_index: int, distribution: str, repeat: int) -> int:
@@ -72,13 +74,29 @@ def plan_trials(problem: Problem, phase: str, seeds: int, base_seed: int) -> lis
     Distributions alternate within a group, so consecutive trials in the same buffers differ."""
     groups = []
     for s, shape in enumerate(problem.validation_shapes):
+        shifts = _shifts(problem, trial_seed(base_seed, phase, s, "shifts", 0)) if s % 2 else ()
         group = [
-            Trial(f"{phase[0]}{s}-{d}-{r}", phase, shape, dist, trial_seed(base_seed, phase, s, dist, r))
+            Trial(f"{phase[0]}{s}-{d}-{r}", phase, shape, dist, trial_seed(base_seed, phase, s, dist, r), shifts)
             for r in range(seeds)
             for d, dist in enumerate(problem.distributions)
         ]
         groups.append(group)
     return groups
+
+
+def _shifts(problem: Problem, seed: int) -> tuple[tuple[str, int], ...]:
+    """Where each array of a shape's trials starts past a 64-byte boundary: a multiple of its element size,
+    drawn for each array on its own. Every other shape is placed so (the rest start on 64-byte boundaries):
+    a caller's arrays are aligned only to their elements (numpy's to 16 bytes, a view anywhere), and a kernel
+    that assumes more -- aligned loads, or x and y at the same offset from a vector boundary -- crashes or
+    misreads there while passing on aligned buffers."""
+    rng = np.random.default_rng(seed)
+    shifts = []
+    for q in problem.params:
+        if q.is_array:
+            size = np.dtype(DTYPES[q.dtype]).itemsize
+            shifts.append((q.name, size * int(rng.integers(0, 64 // size))))
+    return tuple(shifts)
 
 
 def _array_bytes(problem: Problem, shape: dict[str, int]) -> int:
@@ -237,6 +255,9 @@ class TrialChecker:
             if not passed:
                 if note:
                     fields["message"] = f"{note}: {fields['message']}"
+                if any(shift for _, shift in trial.shifts):
+                    placed = ", ".join(f"{name} +{shift}" for name, shift in trial.shifts)
+                    fields["message"] += f" (arrays placed past a 64-byte boundary by: {placed} bytes)"
                 return self.evidence(trial, output_check, **fields)
         self.checked += 1
         return None
@@ -311,6 +332,7 @@ class TrialRunner:
             scalars=scalars,
             inputs=specs,
             guard=len(self.guard),
+            shifts=dict(trial.shifts),
             poison=poison,
             payload_bytes=len(self.guard) + sum(s.nbytes for s in specs),
         )

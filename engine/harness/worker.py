@@ -38,16 +38,17 @@ from engine.harness import protocol as p
 
 
 class Region:
-    """One array argument inside a larger allocation: guard bytes, the data (64-byte aligned), guard bytes."""
+    """One array argument inside a larger allocation: guard bytes, the data (``shift`` bytes past a 64-byte
+    boundary), guard bytes."""
 
-    def __init__(self, np: Any, dims: tuple[int, ...], dtype: str, guard: Any) -> None:
+    def __init__(self, np: Any, dims: tuple[int, ...], dtype: str, guard: Any, shift: int = 0) -> None:
         self.guard = guard
         g = len(guard)
         itemsize = np.dtype(dtype).itemsize
         self.nbytes = int(np.prod(dims, dtype=np.int64)) * itemsize
         total = g + self.nbytes + g
-        self.buffer = np.empty(total + 64, dtype=np.uint8)
-        offset = (-(self.buffer.ctypes.data + g)) % 64
+        self.buffer = np.empty(total + 128, dtype=np.uint8)
+        offset = (-(self.buffer.ctypes.data + g)) % 64 + shift % 64
         self.raw = self.buffer[offset : offset + total]
         self.data = self.raw[g : g + self.nbytes].view(dtype).reshape(dims)
         self.address = self.raw.ctypes.data + g
@@ -125,6 +126,7 @@ class Worker:
         self.function: Any = None
         self.regions: dict[str, Region] = {}
         self.region_shape: dict[str, int] | None = None
+        self.region_shifts: dict[str, int] = {}
         self.bench: _Bench | None = None
 
     # -- start-up ----------------------------------------------------------------------------------------
@@ -190,15 +192,18 @@ class Worker:
         np = self.np
         assert self.plan is not None
         guard = np.frombuffer(payload, dtype=np.uint8, count=trial.guard)
-        if not trial.reuse_regions or self.region_shape != trial.shape:
+        if not trial.reuse_regions or self.region_shape != trial.shape or self.region_shifts != trial.shifts:
             # The same regions serve every trial of a shape: two inputs back to back in the same buffers
             # expose a kernel that caches results across calls.
             self.regions = {
-                q.name: Region(np, tuple(int(trial.shape[d]) for d in q.shape), q.dtype, guard)
+                q.name: Region(
+                    np, tuple(int(trial.shape[d]) for d in q.shape), q.dtype, guard, trial.shifts.get(q.name, 0)
+                )
                 for q in self.plan.params
                 if q.is_array
             }
             self.region_shape = dict(trial.shape)
+            self.region_shifts = dict(trial.shifts)
         offset = trial.guard
         given = {a.name: a for a in trial.inputs}
         for q in self.plan.params:
