@@ -32,7 +32,7 @@ BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
     ({"rows": 2048, "cols": 256}, 1.0),
 ]
 TOLERANCES = {"float32": {"atol": 1e-6, "rtol": 1e-4}}
-DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]
+DISTRIBUTIONS = ["normal", "uniform", "large", "edge", "masked"]
 SEED = "seed.c"
 TEMPLATE = "template.c"
 TEMPLATE_PARAMS: dict[str, list[Any]] = {
@@ -119,6 +119,16 @@ def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generat
     elif distribution == "edge":
         choices = np.array([0.0, -80.0, 80.0, 1e-30, -1e-30, 88.0, -103.0])
         x = rng.choice(choices, (rows, cols))
+    elif distribution == "masked":
+        # As attention scores arrive: a masked leading block and masked positions (-inf, or a large negative
+        # stand-in for it), then one spike anywhere, up to 200 above the rest. The row's last element is never
+        # masked. A kernel that takes the max over a prefix, or starts an online max at a masked -inf, fails.
+        x = rng.standard_normal((rows, cols))
+        for r in range(rows):
+            mask = rng.choice([-np.inf, -1e9, -1e4])
+            x[r, : int(rng.integers(0, cols))] = mask
+            x[r, :-1][rng.random(cols - 1) < 0.1] = mask
+            x[r, int(rng.integers(0, cols))] += rng.uniform(0.0, 200.0)
     else:
         raise ValueError(f"unknown distribution {distribution!r}; expected one of {DISTRIBUTIONS}")
     return {"x": np.ascontiguousarray(x, dtype=np.float32)}
