@@ -71,7 +71,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     # A block's rows adjacent (0) or each from its own part of the matrix (1), as in rmsnorm's template.
     "SPLIT": [0, 1],
 }
-EPS = 1e-6
+# eps is drawn for each input from the values models use (1e-5, 1e-6):
+# a kernel that ignores its eps argument and bakes one in is wrong on the other.
+EPSILONS = [1e-5, 1e-6]
 
 
 def template_allows(params: dict[str, Any]) -> bool:
@@ -121,7 +123,7 @@ def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generat
         "x": np.ascontiguousarray(x, dtype=np.float32),
         "residual": np.ascontiguousarray(residual, dtype=np.float32),
         "w": np.ascontiguousarray(w, dtype=np.float32),
-        "eps": np.float32(EPS),
+        "eps": np.float32(rng.choice(EPSILONS)),
     }
 
 

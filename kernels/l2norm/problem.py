@@ -66,7 +66,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     # A block's rows adjacent (0) or each from its own part of the matrix (1), as in rmsnorm's template.
     "SPLIT": [0, 1],
 }
-EPS = 1e-12
+# eps is drawn for each input from torch's default (1e-12) and a value models use for q/k norms (1e-6):
+# a kernel that ignores its eps argument and bakes one in is wrong on the other.
+EPSILONS = [1e-12, 1e-6]
 
 
 def template_allows(params: dict[str, Any]) -> bool:
@@ -105,7 +107,7 @@ def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generat
         x = _edge_rows(rows, cols, rng)
     else:
         raise ValueError(f"unknown distribution {distribution!r}; expected one of {DISTRIBUTIONS}")
-    return {"x": np.ascontiguousarray(x, dtype=np.float32), "eps": np.float32(EPS)}
+    return {"x": np.ascontiguousarray(x, dtype=np.float32), "eps": np.float32(rng.choice(EPSILONS))}
 
 
 def _edge_rows(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -122,7 +124,7 @@ def _edge_rows(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
         elif kind[r] == 2:
             x[r] = rng.choice([-3.0, 0.5, 7.0])
         elif kind[r] == 3:
-            # ||x|| ~ 1e-14·sqrt(cols) < 1e-12 = eps: the max picks eps. Squares ~1e-28 stay normal float32
+            # ||x|| ~ 1e-14·sqrt(cols) < 1e-12 <= eps: the max picks eps. Squares ~1e-28 stay normal float32
             # numbers (no flush to zero changes them).
             x[r] *= 1e-14
     return x

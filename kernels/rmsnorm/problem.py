@@ -59,7 +59,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     # softmax's, l2norm's and add_rmsnorm's templates.
     "SPLIT": [0, 1],
 }
-EPS = 1e-6
+# eps is drawn for each input from the values models use (1e-5, 1e-6):
+# a kernel that ignores its eps argument and bakes one in is wrong on the other.
+EPSILONS = [1e-5, 1e-6]
 # The CUDA kernel (docs/problems.md, "CUDA kernels"): same PARAMS, sizes as long long.
 CUDA_ENTRY = "rmsnorm"
 CUDA_SEED = "seed.cu"
@@ -128,7 +130,7 @@ def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generat
     return {
         "x": np.ascontiguousarray(x, dtype=np.float32),
         "w": np.ascontiguousarray(w, dtype=np.float32),
-        "eps": np.float32(EPS),
+        "eps": np.float32(rng.choice(EPSILONS)),
     }
 
 
