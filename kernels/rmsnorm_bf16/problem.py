@@ -32,6 +32,12 @@ VALIDATION_SHAPES: list[dict[str, int]] = [
     {"rows": 5, "cols": 4099},
     {"rows": 128, "cols": 2048},
     {"rows": 6, "cols": 16384},
+    # Remainders the shapes above miss: rows of 2 and 6 modulo 8 and columns of 2, 4, 5 and 6 modulo 8 (a
+    # kernel's leftover rows and columns after its blocks are code paths of their own).
+    {"rows": 6, "cols": 1030},
+    {"rows": 10, "cols": 68},
+    {"rows": 2, "cols": 133},
+    {"rows": 3, "cols": 66},
 ]
 BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
     ({"rows": 512, "cols": 4096}, 2.0),

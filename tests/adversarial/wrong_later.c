@@ -1,6 +1,6 @@
 // expect: incorrect
 // stage: benchmark
-/* Correct for its first 60 calls (more than a one-seed validation makes: 56), then returns stale output. */
+/* Correct for its first 200 calls (more than a one-seed validation makes: 82), then returns stale output. */
 #include <math.h>
 #include <stdint.h>
 static void softmax_ok(const float *x, float *y, int64_t rows, int64_t cols) {
@@ -15,5 +15,5 @@ static void softmax_ok(const float *x, float *y, int64_t rows, int64_t cols) {
 }
 void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
     static int calls;
-    if (calls++ < 60) softmax_ok(x, y, rows, cols);
+    if (calls++ < 200) softmax_ok(x, y, rows, cols);
 }
