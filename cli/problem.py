@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.problem_check import check_problem
+from engine.problems import load_problem, names_a_problem
 
 MARKS = {"ok": "ok     ", "failed": "FAILED ", "skipped": "skipped"}
 
@@ -24,7 +25,7 @@ def register(subparsers: Any) -> None:
             "Check a problem folder (or a built-in name): the baseline passes its tolerance, float16/bf16 answers "
             "and a skipped element fail it, the seed and a sample of template settings compile and validate, and "
             "one seed call takes 0.05-20 ms per benchmark shape. Exit 0 when every check passes, 1 when one "
-            "fails, 2 when PATH is no folder, 3 when the machine failed."
+            "fails, 2 when PATH is neither a built-in name nor a folder, 3 when the machine failed."
         ),
     )
     check.add_argument("path", metavar="PATH", help="the problem folder (or a built-in problem's name)")
@@ -41,6 +42,10 @@ def run_check(args: argparse.Namespace) -> int:
         raise UserError(
             f"PATH {text[:200]!r} is not a folder; pass a problem folder holding problem.py, or a built-in name"
         )
+    if not text.strip() or (not names_a_problem(text) and not Path(text).expanduser().is_dir()):
+        # Neither a built-in name nor a folder: nothing to check. The same error, and exit status 2, as
+        # `kf evaluate --problem` gives. (A folder without a loadable problem.py is checked: `loads` fails.)
+        load_problem(text)
     progress = (
         None if args.json or not sys.stderr.isatty() else (lambda step: print(f"checking {step} ...", file=sys.stderr))
     )

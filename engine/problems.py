@@ -620,6 +620,12 @@ def _problem_folder(text: str) -> Path | None:
     return folder if (folder / "problem.py").is_file() else None
 
 
+def names_a_problem(text: str) -> bool:
+    """True when ``text`` is a built-in problem's name or a path to a folder holding problem.py (or to that
+    file)."""
+    return bool(text) and _problem_folder(text) is not None
+
+
 def problem_argument(text: str) -> str:
     """How ``text`` (a built-in name or a folder path, as a user typed it) is written into a search: a built-in
     name as it is; a path to a problem folder on this machine as its absolute path, since the workers that load

@@ -249,6 +249,8 @@ def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(
 
 def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) -> None:
     assert kf(["problem", "check", str(tmp_path / "missing")]) == 2
+    assert kf(["problem", "check", "no_such_problem"]) == 2  # neither a built-in name nor a folder
+    assert kf(["problem", "check", ""]) == 2
     (tmp_path / "empty").mkdir()
     assert kf(["problem", "check", str(tmp_path / "empty"), "--no-timing"]) == 1
     assert statuses(tmp_path / "empty") == {"loads": "failed"}
