@@ -230,9 +230,21 @@ def check_seed_timing(problem: Problem, cache_dir: Path | None) -> CheckResult:
     (report,) = benchmark_artifact(
         problem, compiled.artifact_id, [Reference(kind="numpy", label="numpy")], budget_s=0.5, cache_dir=cache_dir
     )
-    if report.verdict != Verdict.ok:
+    if report.verdict == Verdict.harness_error:
+        # The machine (or the harness) failed: nothing said about the problem.
         return CheckResult(
-            name="seed_timing", status="skipped", message=f"the seed's timing was {report.verdict.value}"
+            name="seed_timing", status="skipped", message=f"the seed's timing was harness_error: {report.message}"
+        )
+    if report.verdict != Verdict.ok:
+        # The seed validated (or its own check says otherwise) but failed while timed on the benchmark shapes:
+        # their inputs, shapes or scalars are what differs, and a search would judge every kernel the same way.
+        return CheckResult(
+            name="seed_timing",
+            status="failed",
+            message=(
+                f"the seed was judged {report.verdict.value} while timed on BENCHMARK_SHAPES: {report.message}; "
+                "check what make_inputs draws at those shapes (a correct kernel must pass there too)"
+            ),
         )
     outside = [
         f"{s.shape}: {s.candidate_ns / 1e6:.3g} ms"

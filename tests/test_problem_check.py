@@ -215,6 +215,15 @@ HOSTILE_FOLDERS = {
         "template",
         "returned array([1, 2]); it must return True or False",
     ),
+    "a baseline that raises only on the benchmark shapes": (
+        replaced(
+            "baseline",
+            "if args[1]['rows'] * args[1]['cols'] >= 2**19: raise RuntimeError('only when timed')\n"
+            "    return _old_baseline(*args)",
+        ),
+        "seed_timing",
+        "raised RuntimeError('only when timed'); fix baseline()",
+    ),
     "a roofline that crashes the interpreter": (
         replaced("roofline", "import ctypes; ctypes.string_at(0)"),
         "seed_timing",

@@ -46,6 +46,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from engine.errors import ProblemDefinitionError
 from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
 from engine.harness.driver import Contender, Failed
@@ -414,6 +415,12 @@ def benchmark_artifact(
         if failure.who != "candidate":
             # A reference point failed: the machine's problem (or the incumbent's), never the candidate's verdict.
             label = labels[int(failure.who[3:])] if failure.who.startswith("ref") else failure.who
+            if failure.check == "problem":
+                # The numpy reference ran problem.py's baseline, and it raised: bad input, stopping a search.
+                raise ProblemDefinitionError(
+                    f"{problem.folder / 'problem.py'}: {failure.message}; fix baseline() (`kf problem check` "
+                    "runs it on every shape)"
+                ) from None
             return failed(Verdict.harness_error, _reference_failed(label, failure))
         if runner is not None and state["phase"] == "revalidation":
             evidence = runner.where(failure.check, failure.message, "revalidation")

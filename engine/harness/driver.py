@@ -573,6 +573,14 @@ class Contender:
                 "protocol",
                 "the worker's command pipe carried garbage: the candidate read or wrote it",
             )
+        if code == p.EXIT_PROBLEM:
+            tail = outcome.output_tail
+            said = tail[tail.rfind(p.PROBLEM_MARK) + len(p.PROBLEM_MARK) :].strip() if p.PROBLEM_MARK in tail else ""
+            return Failed(
+                Verdict.harness_error,
+                "problem",
+                f"problem.py's code failed in the numpy worker during {what}: {said or 'no message'}",
+            )
         if code == p.EXIT_INTERPRETER:
             event = tripped_event(outcome.output_tail)
             return Failed(

@@ -155,8 +155,11 @@ class Worker:
         if plan.warm_up is not None and self.module is not None:
             # Problem code (trusted) imports lazily, e.g. numpy.random on first use: do it while imports work.
             shape = plan.warm_up.shape
-            inputs = self.module.make_inputs(shape, plan.warm_up.distribution, numpy.random.default_rng(0))
-            self.module.baseline(inputs, shape)
+            try:
+                inputs = self.module.make_inputs(shape, plan.warm_up.distribution, numpy.random.default_rng(0))
+                self.module.baseline(inputs, shape)
+            except Exception as error:
+                raise ProblemCodeFailed(f"make_inputs or baseline at {shape} raised {error!r}") from None
         if plan.cpus:
             # The sandbox started us unpinned (workers import in parallel); every thread is pinned now, before
             # any candidate code runs (the filter then refuses sched_setaffinity).
@@ -429,7 +432,10 @@ class _Bench:
         self.wrote[q] = (i, bump if self.bumped else -1, position)
         if self.numpy:
             assert self.baseline is not None
-            self.baseline(slot, self.shape)
+            try:
+                self.baseline(slot, self.shape)
+            except Exception as error:
+                raise ProblemCodeFailed(f"baseline(inputs, {self.shape}) raised {error!r}") from None
             return
         for name in self.inouts:
             self.np.copyto(out[name], slot[name])  # an inout (state) starts from its pristine value
@@ -472,6 +478,11 @@ class _Bench:
         return outputs, [memoryview(a.reshape(-1).view(self.np.uint8)) for _, a in arrays]
 
 
+class ProblemCodeFailed(Exception):
+    """problem.py's own code (the numpy contender's baseline) raised in this worker: the problem's fault, never
+    a kernel's or the machine's."""
+
+
 def _scalar(param: p.ParamSpec, shape: dict[str, int], scalars: dict[str, Any]) -> Any:
     kind = _CTYPES[param.dtype]
     if param.role == "size":
@@ -490,6 +501,9 @@ def main() -> int:
     except p.ProtocolError as error:
         os.write(2, f"harness worker: {error}\n".encode())
         os._exit(p.EXIT_PROTOCOL)
+    except ProblemCodeFailed as error:
+        os.write(2, f"{p.PROBLEM_MARK} {str(error)[-1500:]}\n".encode())
+        os._exit(p.EXIT_PROBLEM)
     except BaseException as error:
         # No traceback: printing one opens source files, which the filter refuses (it would read as the
         # kernel's forbidden system call).
