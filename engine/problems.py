@@ -688,6 +688,7 @@ def load_problem(name_or_path: str | Path) -> Problem:
         )
     _check_declarations(folder, module, params)
     if "cpu" in backends:
+        _check_c_signature(folder, str(module.ENTRY), str(module.SIGNATURE), params)
         _check_kernel_files(folder, module, _NAMES["cpu"])
     if "cuda" in backends:
         _check_cuda_declarations(folder, module)
@@ -856,6 +857,58 @@ def _check_declarations(folder: Path, module: ProblemModule, params: tuple[Param
             f"{where}: TOLERANCES has no entry for output dtype(s) {missing}; "
             "add {dtype: {'atol': ..., 'rtol': ...}}"
         )
+
+
+# The C types one element of each dtype may be spelt as in SIGNATURE (after dropping const and restrict).
+_C_SPELLINGS = {
+    "float32": {"float"},
+    "float64": {"double"},
+    "int64": {"int64_t", "long long", "long long int", "long", "long int", "signed long long"},
+    "int32": {"int32_t", "int", "signed int", "signed"},
+    "bfloat16": {"uint16_t", "unsigned short", "unsigned short int"},
+}
+_SIGNATURE = re.compile(r"\s*void\s+([A-Za-z_]\w*)\s*\(([^()]*)\)\s*;?\s*")
+_C_PARAMETER = re.compile(r"([A-Za-z_][\w\s]*?)\s*(\*?)\s*([A-Za-z_]\w*)")
+
+
+def _check_c_signature(folder: Path, entry: str, signature: str, params: tuple[Param, ...]) -> None:
+    """SIGNATURE is one C prototype of ``void ENTRY(...)`` whose arguments are PARAMS, in order, with their C
+    types: an array a pointer to its element type, a size or scalar its type by value. The harness
+    calls the kernel as PARAMS say and puts SIGNATURE before the source as the prototype the kernel must match,
+    so a SIGNATURE that says otherwise makes every seed written to it wrong (or lets one line of it carry a
+    #define into every kernel)."""
+    where = folder / "problem.py"
+    wanted = ", ".join(
+        f"{'const ' if p.role == 'in' else ''}{_C_NAME[p.dtype]} *{p.name}"
+        if p.is_array
+        else f"{_C_NAME[p.dtype]} {p.name}"
+        for p in params
+    )
+    fix = f"write it as `void {entry}({wanted})`"
+    whole = _SIGNATURE.fullmatch(signature)
+    if whole is None or "\n" in signature.strip():
+        raise UserError(f"{where}: SIGNATURE {signature[:200]!r} is not one C prototype `void NAME(...)`; {fix}")
+    if whole.group(1) != entry:
+        raise UserError(f"{where}: SIGNATURE declares {whole.group(1)!r}, but ENTRY is {entry!r}; {fix}")
+    pieces = [piece.strip() for piece in whole.group(2).split(",")] if whole.group(2).strip() else []
+    if len(pieces) != len(params):
+        raise UserError(f"{where}: SIGNATURE has {len(pieces)} arguments, but PARAMS declares {len(params)}; {fix}")
+    for piece, p in zip(pieces, params, strict=True):
+        # Qualifiers of the pointer itself (`float *restrict y`, `float *const y`) say nothing of the ABI.
+        parsed = _C_PARAMETER.fullmatch(
+            re.sub(r"\*\s*(?:(?:const|restrict|__restrict__|__restrict)\b\s*)+", "* ", piece)
+        )
+        words = parsed.group(1).split() if parsed else []
+        base = " ".join(w for w in words if w not in ("const", "restrict", "__restrict", "__restrict__"))
+        pointer = bool(parsed and parsed.group(2))
+        if parsed is None or pointer != p.is_array or base not in _C_SPELLINGS[p.dtype]:
+            kind = f"a pointer to {p.dtype}" if p.is_array else f"a {p.dtype} by value"
+            raise UserError(
+                f"{where}: SIGNATURE's argument {piece!r} does not match PARAMS' {p.name!r} ({kind}); {fix}"
+            )
+
+
+_C_NAME = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bfloat16": "uint16_t"}
 
 
 def _scalar_problem(value: Any, dtype: str) -> str | None:

@@ -346,9 +346,17 @@ def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
     ("old", "new", "message"),
     [
         ('VALIDATION_SHAPES = [{"n": 1}', 'VALIDATION_SHAPES = [{"m": 1}', r"VALIDATION_SHAPES entry \{'m': 1\}"),
-        ('({"n": 1 << 16}, 1.0)', '({"n": 1 << 16}, 0.0)', "weight > 0"),
+        ('({"n": 1 << 18}, 1.0)', '({"n": 1 << 18}, 0.0)', "weight > 0"),
         ('"shape": ["n"]},\n    {"name": "y"', '"shape": ["len"]},\n    {"name": "y"', r"shaped by \['len'\]"),
         ('TOLERANCES = {"float32"', 'TOLERANCES = {"float64"', "no entry for output dtype"),
+        (
+            "int64_t n, float alpha)",
+            "int64_t n, double alpha)",
+            "argument 'double alpha' does not match PARAMS' 'alpha'",
+        ),
+        ('ENTRY = "scale"', 'ENTRY = "scale2"', "SIGNATURE declares 'scale', but ENTRY is 'scale2'"),
+        ('SIGNATURE = "void', 'SIGNATURE = "#define float double\\nvoid', "is not one C prototype"),
+        ("int64_t n, float alpha)", "int64_t n)", "SIGNATURE has 3 arguments, but PARAMS declares 4"),
         (
             'TEMPLATE = "template.c"',
             'SEED = "/etc/hostname"\nTEMPLATE = "template.c"',
