@@ -111,14 +111,16 @@ def _rounded(values: np.ndarray, precision: str) -> np.ndarray:
 
 def check_low_precision(problem: Problem, precision: Literal["float16", "bfloat16"]) -> CheckResult:
     name = "half_precision" if precision == "float16" else "bf16"
-    floats = [p for p in problem.outputs if p.dtype == "float32"]
+    # Every output declared float32 or float64, whatever the baseline returns it as (a float64 array, a list):
+    # a float64 output computed in half precision is as wrong as a float32 one.
+    floats = {p.name for p in problem.outputs if p.dtype in ("float32", "float64")}
     if not floats:
-        return CheckResult(name=name, status="skipped", message="no float32 output to round")
+        return CheckResult(name=name, status="skipped", message="no float32 or float64 output to round")
     failed = 0
     for shape in problem.validation_shapes:
         inputs = problem.make_inputs(shape, problem.distributions[0], 0)
         got = problem.baseline(inputs, shape)
-        rounded = {k: (_rounded(v, precision) if v.dtype == np.float32 else v) for k, v in got.items()}
+        rounded = {k: (_rounded(v, precision) if k in floats else v) for k, v in got.items()}
         failed += _worst_ratio(problem, rounded, problem.reference(inputs, shape), shape, inputs) > 1.0
     needed = max(1, len(problem.validation_shapes) // 2)
     if failed >= needed:

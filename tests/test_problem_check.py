@@ -256,6 +256,17 @@ def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(
         assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
 
 
+@pytest.mark.parametrize(
+    "answer", ["{'y': _old_baseline(*args)['y'].tolist()}", "{'y': _old_baseline(*args)['y'].astype(np.float64)}"]
+)
+def test_the_low_precision_checks_round_a_baseline_given_as_a_list_or_in_float64(tmp_path: Path, answer: str) -> None:
+    # docs/problems.md lets baseline() return lists and other dtypes; the checks round what the output's declared
+    # dtype says, not what came back (a list has no dtype; a float64 array was never rounded and then passed).
+    folder = folder_like("l2norm", tmp_path, **replaced("baseline", f"return {answer}"))
+    result = statuses(folder)
+    assert result["half_precision"] == "ok" and result["bf16"] == "ok", result
+
+
 def test_no_folder_is_bad_input_and_a_broken_folder_fails_loads(tmp_path: Path) -> None:
     assert kf(["problem", "check", str(tmp_path / "missing")]) == 2
     assert kf(["problem", "check", "no_such_problem"]) == 2  # neither a built-in name nor a folder
