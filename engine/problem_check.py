@@ -80,11 +80,35 @@ def _worst_ratio(
     return worst
 
 
+def _changed_input(first: dict[str, Any], second: dict[str, Any]) -> str | None:
+    """The name of an input that differs bitwise between two draws, or None."""
+    for name, value in first.items():
+        a, b = np.asarray(value), np.asarray(second.get(name))
+        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            return name
+    return None
+
+
 def check_baseline(problem: Problem) -> CheckResult:
     for shape in problem.validation_shapes:
         for distribution in problem.distributions:
             for seed in (0, 1):
                 inputs = problem.make_inputs(shape, distribution, seed)
+                if seed == 0:
+                    changed = _changed_input(inputs, problem.make_inputs(shape, distribution, seed))
+                    if changed is not None:
+                        # The harness draws each trial's inputs again from its seed to check an output: a
+                        # kernel would be judged on inputs it never saw.
+                        return CheckResult(
+                            name="baseline",
+                            status="failed",
+                            message=(
+                                f"{problem.folder / 'problem.py'} make_inputs({shape}, {distribution!r}, seed "
+                                f"{seed}) gave a different {changed!r} on a second call with the same seed: draw "
+                                "every random number from its rng "
+                                "argument (never np.random.* directly, the time or a counter)"
+                            ),
+                        )
                 worst = _worst_ratio(
                     problem, problem.baseline(inputs, shape), problem.reference(inputs, shape), shape, inputs
                 )

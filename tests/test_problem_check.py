@@ -215,6 +215,11 @@ HOSTILE_FOLDERS = {
         "template",
         "returned array([1, 2]); it must return True or False",
     ),
+    "a make_inputs that ignores its rng": (
+        replaced("make_inputs", "return _old_make_inputs(args[0], args[1], np.random.default_rng())"),
+        "baseline",
+        "gave a different 'x' on a second call with the same seed: draw every random number from its rng",
+    ),
     "a baseline that raises only on the benchmark shapes": (
         replaced(
             "baseline",

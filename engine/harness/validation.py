@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel
 
+from engine.errors import ProblemDefinitionError
 from engine.harness import protocol as p
 from engine.harness.driver import ArtifactNotFound, Contender, Failed, SandboxFailure
 from engine.harness.sandbox import CpuLease, SandboxLimits
@@ -263,6 +264,20 @@ class TrialChecker:
         return None
 
 
+def _same_draw(problem: Problem, trial: Trial, first: dict[str, Any], again: dict[str, Any]) -> None:
+    """Raise ProblemDefinitionError when drawing a trial's inputs again from its seed gave other inputs: the
+    judge redraws inputs from seeds to check outputs (this repeat, timed outputs), so a make_inputs that does
+    not draw from its rng would have a kernel judged on inputs it never saw."""
+    for name, value in first.items():
+        a, b = np.asarray(value), np.asarray(again.get(name))
+        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            raise ProblemDefinitionError(
+                f"{problem.folder / 'problem.py'} make_inputs({trial.shape}, {trial.distribution!r}) gave a "
+                f"different {name!r} for the same seed: draw every random number from its rng argument (never "
+                "np.random.* directly, the time or a counter)"
+            )
+
+
 def _perturbed(problem: Problem, trial: Trial, inputs: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     """The inputs with a few randomly chosen inner elements of one input changed so that the reference
     changes, and a note saying which; None when no such change exists (e.g. a one-element input)."""
@@ -378,8 +393,11 @@ class TrialRunner:
         check = self.checker.check
         for group in groups:
             first: dict[str, np.ndarray] = {}
+            drawn: dict[str, Any] = {}
             for k, trial in enumerate(group):
                 inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
+                if k == 0:
+                    drawn = inputs
 
                 def judge(
                     regions: dict[str, np.ndarray],
@@ -398,6 +416,7 @@ class TrialRunner:
                 continue
             trial = group[0]
             inputs = self.problem.make_inputs(trial.shape, trial.distribution, trial.seed)
+            _same_draw(self.problem, trial, drawn, inputs)
 
             def judge_repeat(
                 regions: dict[str, np.ndarray],
