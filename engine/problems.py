@@ -839,7 +839,9 @@ def _check_declarations(folder: Path, module: ProblemModule, params: tuple[Param
         if not shapes:
             raise UserError(f"{where}: {label} is empty; give at least one shape")
         for shape in shapes:
-            if set(shape) != sizes or any(not isinstance(v, int) or v < 1 for v in shape.values()):
+            if set(shape) != sizes or any(
+                not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in shape.values()
+            ):
                 raise UserError(f"{where}: {label} entry {shape!r} must give each of {sorted(sizes)} a positive int")
             needed = sum(
                 math.prod(shape[d] for d in p.shape) * np.dtype(DTYPES[p.dtype]).itemsize for p in params if p.is_array

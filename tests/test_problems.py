@@ -347,6 +347,11 @@ def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
     [
         ('VALIDATION_SHAPES = [{"n": 1}', 'VALIDATION_SHAPES = [{"m": 1}', r"VALIDATION_SHAPES entry \{'m': 1\}"),
         ('({"n": 1 << 18}, 1.0)', '({"n": 1 << 18}, 0.0)', "weight > 0"),
+        (
+            'VALIDATION_SHAPES = [{"n": 1}',
+            'VALIDATION_SHAPES = [{"n": True}',
+            "must give each of \\['n'\\] a positive int",
+        ),
         ('"shape": ["n"]},\n    {"name": "y"', '"shape": ["len"]},\n    {"name": "y"', r"shaped by \['len'\]"),
         ('TOLERANCES = {"float32"', 'TOLERANCES = {"float64"', "no entry for output dtype"),
         (
