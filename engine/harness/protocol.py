@@ -34,12 +34,12 @@ BUMP_STEP = 1 / 64
 # Exit statuses of the worker (the init reports them).
 EXIT_PROTOCOL = 5
 EXIT_WORKER_ERROR = 6
+EXIT_INTERPRETER = 7
+"""The tripwire on the worker's interpreter went off: the candidate ran Python in it (engine/harness/tripwire.py)."""
 EXIT_PROBLEM = 8
 """The numpy worker's problem.py code (its baseline) raised: the problem's fault, said on stderr after
 :data:`PROBLEM_MARK`."""
 PROBLEM_MARK = "kf-problem:"
-EXIT_INTERPRETER = 7
-"""The tripwire on the worker's interpreter went off: the candidate ran Python in it (engine/harness/tripwire.py)."""
 # A frame's JSON header may not exceed this; anything larger is garbage, not a message.
 MAX_HEADER_BYTES = 1 << 20
 _LENGTH = struct.Struct("<I")

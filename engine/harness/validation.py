@@ -69,13 +69,15 @@ def trial_seed(base_seed: int, phase: str, shape_index: int, distribution: str, 
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def plan_trials(problem: Problem, phase: str, seeds: int, base_seed: int) -> list[list[Trial]]:
+def plan_trials(problem: Problem, phase: str, seeds: int, base_seed: int, *, shifted: bool = True) -> list[list[Trial]]:
     """Trials grouped by shape (a group shares buffers): every shape × distribution × ``seeds`` seeds.
 
-    Distributions alternate within a group, so consecutive trials in the same buffers differ."""
+    Distributions alternate within a group, so consecutive trials in the same buffers differ. ``shifted``:
+    every other shape's arrays are placed off their 64-byte boundaries (:func:`_shifts`); False where the
+    worker places them itself (the CUDA child)."""
     groups = []
     for s, shape in enumerate(problem.validation_shapes):
-        shifts = _shifts(problem, trial_seed(base_seed, phase, s, "shifts", 0)) if s % 2 else ()
+        shifts = _shifts(problem, trial_seed(base_seed, phase, s, "shifts", 0)) if shifted and s % 2 else ()
         group = [
             Trial(f"{phase[0]}{s}-{d}-{r}", phase, shape, dist, trial_seed(base_seed, phase, s, dist, r), shifts)
             for r in range(seeds)

@@ -158,6 +158,8 @@ class Worker:
             try:
                 inputs = self.module.make_inputs(shape, plan.warm_up.distribution, numpy.random.default_rng(0))
                 self.module.baseline(inputs, shape)
+            except MemoryError:
+                raise
             except Exception as error:
                 raise ProblemCodeFailed(f"make_inputs or baseline at {shape} raised {error!r}") from None
         if plan.cpus:
@@ -434,6 +436,8 @@ class _Bench:
             assert self.baseline is not None
             try:
                 self.baseline(slot, self.shape)
+            except MemoryError:
+                raise  # the address-space limit: the serve loop says so
             except Exception as error:
                 raise ProblemCodeFailed(f"baseline(inputs, {self.shape}) raised {error!r}") from None
             return

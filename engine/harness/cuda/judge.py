@@ -140,7 +140,7 @@ def validate_cuda(
     started = time.perf_counter()
     problem = _cuda_view(problem)
     artifact = _artifact(artifact_id, cache_dir)
-    groups = plan_trials(problem, "validation", seeds, seed)
+    groups = plan_trials(problem, "validation", seeds, seed, shifted=False)
     trials = sum(len(g) for g in groups)
     child: CudaChild | None = None
     runner: TrialRunner | None = None
@@ -312,7 +312,9 @@ def benchmark_cuda(
             if revalidate:  # on the GPU, while the last shapes' outputs are checked here
                 state.update(phase="revalidation", shape={})
                 runner = TrialRunner(problem, ModuleTrials(child, 0, launches[0]), call_timeout_s, GPU_GUARD_BYTES)
-                revalidation = runner.run(plan_trials(problem, "revalidation", 3, seed), extra_checks=False)
+                revalidation = runner.run(
+                    plan_trials(problem, "revalidation", 3, seed, shifted=False), extra_checks=False
+                )
             for check in checks:
                 evidence = check.result()
                 if evidence is not None:
