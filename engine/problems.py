@@ -869,6 +869,8 @@ _C_SPELLINGS = {
     "int32": {"int32_t", "int", "signed int", "signed"},
     "bfloat16": {"uint16_t", "unsigned short", "unsigned short int"},
 }
+# How the prototype to write names each dtype.
+_C_NAME = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bfloat16": "uint16_t"}
 _SIGNATURE = re.compile(r"\s*void\s+([A-Za-z_]\w*)\s*\(([^()]*)\)\s*;?\s*")
 _C_PARAMETER = re.compile(r"([A-Za-z_][\w\s]*?)\s*(\*?)\s*([A-Za-z_]\w*)")
 
@@ -908,9 +910,6 @@ def _check_c_signature(folder: Path, entry: str, signature: str, params: tuple[P
             raise UserError(
                 f"{where}: SIGNATURE's argument {piece!r} does not match PARAMS' {p.name!r} ({kind}); {fix}"
             )
-
-
-_C_NAME = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bfloat16": "uint16_t"}
 
 
 def _scalar_problem(value: Any, dtype: str) -> str | None:
