@@ -31,6 +31,8 @@ VALIDATION_SHAPES: list[dict[str, int]] = [
     {"rows": 10, "cols": 68},
     {"rows": 2, "cols": 133},
     {"rows": 3, "cols": 66},
+    # A vocabulary-long row, where the sum gathers tens of thousands of terms.
+    {"rows": 4, "cols": 32768},
 ]
 BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
     ({"rows": 512, "cols": 1024}, 1.0),
@@ -38,7 +40,7 @@ BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
     ({"rows": 2048, "cols": 256}, 1.0),
 ]
 TOLERANCES = {"float32": {"atol": 1e-6, "rtol": 1e-4}}
-DISTRIBUTIONS = ["normal", "uniform", "large", "edge", "masked"]
+DISTRIBUTIONS = ["normal", "uniform", "large", "edge", "masked", "wide"]
 SEED = "seed.c"
 TEMPLATE = "template.c"
 TEMPLATE_PARAMS: dict[str, list[Any]] = {
@@ -125,6 +127,10 @@ def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generat
     elif distribution == "edge":
         choices = np.array([0.0, -80.0, 80.0, 1e-30, -1e-30, 88.0, -103.0])
         x = rng.choice(choices, (rows, cols))
+    elif distribution == "wide":
+        # Logits spread as a language model's over its vocabulary: much of a long row's sum comes from terms
+        # far below the max, so a kernel that drops the small exponentials is off on every output of the row.
+        x = rng.standard_normal((rows, cols)) * 4.0
     elif distribution == "masked":
         # As attention scores arrive: a masked leading block and masked positions (-inf, or a large negative
         # stand-in for it), then one spike anywhere, up to 200 above the rest. The row's last element is never
