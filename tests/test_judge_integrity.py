@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -168,6 +169,40 @@ def test_garbage_on_the_reply_pipe_is_refused(garbage: bytes) -> None:
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_rounds_after_the_first_ten_are_checked_too(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked rounds were drawn from the first MIN_ROUNDS only, so a kernel that counted rounds could skip the
+    work of every later one but its very last call. Later rounds are now checked as they end (at
+    LATE_CHECK_RATE; here every one, to see each of them fetched)."""
+    import engine.harness.benchmarking as benchmarking
+
+    monkeypatch.setattr(benchmarking, "LATE_CHECK_RATE", 1.0)
+    fetched: list[int] = []
+    timed: list[tuple[int, int]] = []  # (rounds, outputs checked) of each shape timed
+    check, time_shape = benchmarking.check_timed_output, benchmarking._time_shape
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        fetched.append(1)
+        return check(*args, **kwargs)
+
+    def timing(*args: Any, **kwargs: Any) -> Any:
+        before = len(fetched)
+        rows, evidence = time_shape(*args, **kwargs)
+        timed.append((len(rows), len(fetched) - before))
+        return rows, evidence
+
+    monkeypatch.setattr(benchmarking, "check_timed_output", counted)
+    monkeypatch.setattr(benchmarking, "_time_shape", timing)
+    problem = load_problem("softmax")
+    seed = compiled(problem.seed_source(), cache)
+    (report,) = benchmark_artifact(
+        problem, seed, [Reference(kind="numpy", label="numpy")], budget_s=1.0, cache_dir=cache, revalidate=False
+    )
+    assert report.verdict == Verdict.ok, report.message
+    assert any(rounds > benchmarking.MIN_ROUNDS for rounds, _ in timed), timed
+    for rounds, checked in timed:
+        assert checked == rounds - benchmarking.MIN_ROUNDS + benchmarking.CHECKED_TIMED_CALLS, timed
 
 
 # Reads one command the way the worker does, says so, and waits to be killed.

@@ -81,6 +81,10 @@ ROOFLINE_SAFETY = 8.0
 # Timed candidate outputs fetched and checked per shape: the first round's, the last call's, and random
 # recent ones after random rounds in between.
 CHECKED_TIMED_CALLS = 4
+# ... and, past the first MIN_ROUNDS rounds, each round's kept output with this chance, drawn as the round
+# ends: a kernel that counts rounds and skips the work of those after the tenth is caught in every stretch of
+# them (skipping half of 40 such rounds goes unseen with chance 0.8^20, about 1%).
+LATE_CHECK_RATE = 0.2
 # A batch lasts this many handshakes (the handshake is then 0.5% of it) where the shape's budget allows
 # MIN_ROUNDS rounds of such batches, and never fewer than MIN_HANDSHAKE_MULTIPLE (1%) ...
 HANDSHAKE_MULTIPLE = 200
@@ -543,7 +547,7 @@ def _time_shape(
         # Only fetched here (the bytes leave the worker before more candidate code runs); judged after the
         # rounds, so computing references does not eat into the timing budget. A checked round's output is
         # its batch's kept call, anywhere in the batch (Go.keep); the very last call is fetched too.
-        if round_index >= 0 and round_index not in checked_rounds:
+        if round_index >= 0 and not _is_checked(round_index, checked_rounds):
             return
         fetch = p.Fetch(back=0, kept=round_index >= 0)
         fetched.append(candidate.request(fetch, timeout=call_timeout_s, what="fetching outputs"))
@@ -575,9 +579,18 @@ _SECRET = random.SystemRandom()
 
 
 def _checked_rounds() -> set[int]:
-    """Rounds after which the candidate's output is fetched: the first, and a few random early ones (every
-    shape has at least MIN_ROUNDS rounds); the very last call is fetched too."""
+    """Early rounds after which the candidate's output is fetched: the first, and a few random ones of the
+    first MIN_ROUNDS (every shape has that many); later rounds are drawn as they end (:func:`_is_checked`),
+    and the very last call is fetched too."""
     return {0, *_SECRET.sample(range(1, MIN_ROUNDS), CHECKED_TIMED_CALLS - 2)}
+
+
+def _is_checked(round_index: int, early: set[int]) -> bool:
+    """Whether the round that just ended has its kept output fetched: one of ``early`` in the first MIN_ROUNDS,
+    each later one with chance LATE_CHECK_RATE, drawn now and in secret."""
+    if round_index < MIN_ROUNDS:
+        return round_index in early
+    return _SECRET.random() < LATE_CHECK_RATE
 
 
 def check_timed_output(
