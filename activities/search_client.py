@@ -11,7 +11,7 @@ from typing import Any
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -87,8 +87,28 @@ it waited: that worker is there and busy (a closed search's query replays its wh
 machine, with other queries queued before it, that took over ten seconds), not gone."""
 
 
+# How a closed workflow's state reads where its own status field still said running: it failed, was
+# terminated or timed out before it could write how it ended.
+_CLOSED = {
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "timed_out",
+    WorkflowExecutionStatus.CANCELED: "canceled",
+}
+
+
 async def search_status(client: Client, search_id: str) -> SearchStatus:
-    """The `status` query of a search (running or closed within retention)."""
+    """The `status` query of a search (running or closed within retention), with how a closed one ended: the
+    query answers from the workflow's last state, which says running for one that failed."""
+    status = await _queried_status(client, search_id)
+    if status.status in ("running", "paused"):
+        closed = _CLOSED.get((await client.get_workflow_handle(search_id).describe()).status)  # type: ignore[arg-type]
+        if closed is not None:
+            status = status.model_copy(update={"status": closed, "step": ""})
+    return status
+
+
+async def _queried_status(client: Client, search_id: str) -> SearchStatus:
     handle = client.get_workflow_handle(search_id)
     started = time.monotonic()
     try:

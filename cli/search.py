@@ -551,6 +551,14 @@ def run_show(args: argparse.Namespace) -> int:
         for hint in status.hints:
             print(f"hint: {hint}")
         print(f"UI: {ui_url(status.search_id)}")
+    if status.status in ("failed", "terminated", "timed_out", "canceled"):
+        # A search that ended without its result: exit 1, as `--wait` does (cli/exit_status.py).
+        if not args.json:
+            print(
+                f"kf: search {status.search_id} {status.status}; `kf search show {status.search_id} --wait` says why",
+                file=sys.stderr,
+            )
+        return 1
     return 0
 
 

@@ -18,6 +18,7 @@ import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError
 
+from activities.search_client import search_status
 from engine.evidence.store import EventStore
 from engine.hardware import machine_key
 from engine.harness.backend import backend_for
@@ -328,6 +329,8 @@ async def test_a_broken_problem_definition_stops_the_search_with_its_reason(
         handle = await start(client, prefix, {"problem": str(folder), "generations": 3, **QUICK})
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), timeout=120)
+        # Its status query answers from the last state, which said running: `kf search show` must say failed.
+        assert (await search_status(client, handle.id)).status == "failed"
     message = str(failure.value.cause)
     assert "the problem's definition failed, not a kernel" in message and said in message
     assert str(problem_py) in message
