@@ -252,7 +252,12 @@ def spec_from_args(args: argparse.Namespace) -> SearchSpec:
                 f"--spec must be a JSON object of SearchSpec fields, not {type(raw).__name__} {raw!r:.80}; "
                 "pass e.g. '{\"generations\": 2}'"
             )
-    from engine.problems import problem_argument  # numpy: only for the commands that start searches
+    from engine.problems import load_problem, names_a_problem, problem_argument  # numpy: only where searches start
+
+    if not names_a_problem(args.problem):
+        # Neither a built-in name nor a problem folder: refused here, before any server is contacted, with the
+        # message (and exit status 2) `kf evaluate --problem` gives.
+        load_problem(args.problem)
 
     # A folder given relative to this shell's directory means nothing to a worker started elsewhere.
     raw["problem"] = problem_argument(args.problem)

@@ -217,6 +217,7 @@ async def read_back(env: dict[str, str], search_id: str, started: list[Done]) ->
 
 BAD_INPUT = [
     ["search", "start", "softmax", "--generations", "0"],
+    ["search", "start", "no_such_problem"],
     ["search", "show", "bad\nid"],
     ["search", "list", "--limit", "0"],
     ["lessons", "--target", "gpu"],
