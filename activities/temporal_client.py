@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import Runtime
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 
 from engine.config import temporal_namespace
@@ -26,7 +28,7 @@ async def connect(address: str | None = None, namespace: str | None = None, runt
             target,
             namespace=namespace or temporal_namespace(),
             data_converter=pydantic_data_converter,
-            runtime=runtime,
+            runtime=runtime or _quiet_runtime(),
         )
     except RuntimeError as error:
         # Nothing answered (refused, timed out): the machine's failure, `kf` exits 3. Anything else the server
@@ -36,6 +38,21 @@ async def connect(address: str | None = None, namespace: str | None = None, runt
             f"cannot reach Temporal at {target}: {error}; run `kf up` for the embedded server, "
             "or set KF_TEMPORAL_ADDRESS to a running frontend"
         ) from error
+
+
+_RUNTIME: list[Runtime] = []
+
+
+def _quiet_runtime() -> Runtime:
+    """The SDK runtime of a client made without one: its core's log lines (a gRPC call retried while the frontend
+    is down, say) go to Python's logging, so to standard error, never to standard output, which a `kf` command
+    keeps for its answer (the SDK's default runtime prints them to the console). One per process, made on first
+    use."""
+    if not _RUNTIME:
+        forwarding = LogForwardingConfig(logger=logging.getLogger("temporalio.core"))
+        logs = LoggingConfig(filter=TelemetryFilter(core_level="WARN", other_level="ERROR"), forwarding=forwarding)
+        _RUNTIME.append(Runtime(telemetry=TelemetryConfig(logging=logs)))
+    return _RUNTIME[0]
 
 
 def unreachable(error: BaseException) -> bool:
