@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -310,15 +311,49 @@ def _embedded_ui_url() -> str | None:
 
 def run_start(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    return asyncio.run(_start(spec, args))
+    started: list[str] = []
+    return _following(started, lambda: asyncio.run(_start(spec, args, started)))
 
 
-async def _start(spec: SearchSpec, args: argparse.Namespace) -> int:
+class _Terminated(Exception):
+    """SIGTERM reached a follower."""
+
+
+def _following(search: list[str], follow_it: Callable[[], int]) -> int:
+    """``follow_it()``; interrupted (Ctrl-C: 130) or terminated (SIGTERM: 143), it says on stderr that the search
+    in ``search`` (its id, once known) goes on without this follower, and how to follow it again."""
+    from cli import exit_status
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return follow_it()
+    except KeyboardInterrupt:
+        status, why = exit_status.INTERRUPTED, "interrupted"
+    except _Terminated:
+        status, why = exit_status.TERMINATED, "terminated"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if search:
+        print(
+            f"\nkf: {why}; search {search[0]} goes on without this follower: `kf search show {search[0]} --wait` "
+            "follows it again",
+            file=sys.stderr,
+        )
+    else:
+        print(f"\nkf: {why}", file=sys.stderr)
+    return status
+
+
+async def _start(spec: SearchSpec, args: argparse.Namespace, started: list[str]) -> int:
     from activities.search_client import start_search
     from activities.temporal_client import connect
 
     client = await connect()
     handle = await start_search(client, spec, args.id)
+    started.append(handle.id)
     if not args.wait:
         if args.json:
             print(json.dumps({"search_id": handle.id, "status": "running", "ui": ui_url(handle.id)}))
@@ -326,7 +361,8 @@ async def _start(spec: SearchSpec, args: argparse.Namespace) -> int:
             print(f"started {handle.id}\nfollow: kf search show {handle.id}\nUI: {ui_url(handle.id)}")
         return 0
     if not args.json:
-        print(f"started {handle.id} — UI: {ui_url(handle.id)}", flush=True)
+        # Progress, like the lines that follow it: on stderr; the result alone goes to stdout.
+        print(f"started {handle.id} — UI: {ui_url(handle.id)}", file=sys.stderr, flush=True)
     return await follow(client, handle.id, args.json)
 
 
@@ -365,8 +401,8 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
                 now = time.monotonic()
                 outage_began = now if outage_began is None else outage_began
                 if now - outage_began < outage_patience_s():
-                    if sys.stdout.isatty() and not as_json:
-                        print()
+                    if sys.stderr.isatty() and not as_json:
+                        print(file=sys.stderr)
                     print(f"Temporal unreachable, retrying in {delay:g} s ({error})", file=sys.stderr, flush=True)
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, MAX_DELAY_S)
@@ -378,8 +414,8 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
             else:
                 cause = getattr(error, "cause", None)
                 message = str(getattr(cause, "message", None) or cause or error)
-            if not as_json and sys.stdout.isatty():
-                print()
+            if not as_json and sys.stderr.isatty():
+                print(file=sys.stderr)
             if as_json:
                 print(json.dumps({"search_id": search_id, "status": "failed", "error": message}))
             else:
@@ -389,8 +425,8 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
             line = progress_line(final_status(last_status, result))
             if line != last:
                 _print_progress(line)
-        if not as_json and sys.stdout.isatty():
-            print()
+        if not as_json and sys.stderr.isatty():
+            print(file=sys.stderr)
         print(format_result(result, as_json))
         return 0
 
@@ -467,10 +503,11 @@ def final_status(last: SearchStatus, result: SearchResult) -> SearchStatus:
 
 
 def _print_progress(line: str) -> None:
-    if sys.stdout.isatty():
-        print(f"\r\033[K{line}", end="", flush=True)
+    """One progress line on stderr (stdout carries only the result): rewritten in place on a terminal."""
+    if sys.stderr.isatty():
+        print(f"\r\033[K{line}", end="", file=sys.stderr, flush=True)
     else:
-        print(line, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
 def format_result(result: SearchResult, as_json: bool) -> str:
@@ -538,7 +575,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     if args.wait:
-        return asyncio.run(_follow_existing(args.search_id, args.json))
+        return _following([args.search_id], lambda: asyncio.run(_follow_existing(args.search_id, args.json)))
 
     async def go() -> SearchStatus:
         from activities.search_client import search_status

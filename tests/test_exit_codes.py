@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -290,3 +291,35 @@ async def test_a_machine_calibration_that_fails_exits_3_in_one_line(tmp_path: Pa
         "kf evaluate: the machine failed, not the kernel: machine calibration failed: no result"
     ), done.err
     assert done.out == ""
+
+
+@pytest.mark.parametrize(
+    ("signum", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+async def test_a_follower_stopped_says_the_search_goes_on(
+    services_down: dict[str, str], signum: int, status: int, said: str
+) -> None:
+    # Temporal is unreachable and the follower waits it out; stopped meanwhile, it says what became of the search.
+    env = services_down | {"KF_OUTAGE_PATIENCE_S": "600"}
+    process = await asyncio.create_subprocess_exec(
+        str(KF),
+        "search",
+        "show",
+        "search-softmax-0",
+        "--wait",
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    await asyncio.wait_for(process.stderr.readline(), timeout=60)  # "Temporal unreachable, retrying …"
+    process.send_signal(signum)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == status, err
+    last = err.decode().strip().splitlines()[-1]
+    assert last == (
+        f"kf: {said}; search search-softmax-0 goes on without this follower: "
+        "`kf search show search-softmax-0 --wait` follows it again"
+    ), err
+    assert not out

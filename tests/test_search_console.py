@@ -175,11 +175,14 @@ async def test_the_ui_shows_a_real_searchs_summary_and_current_details_during_an
     assert await description.static_summary() == summary(spec)
     assert "Steer it with an *Update*" in (await description.static_details() or "")
 
-    # The follower's progress: never "generation 2/1"; its last line is the result's.
-    out = capsys.readouterr().out
+    # The follower's progress, on stderr (stdout carries the result alone): never "generation 2/1"; its last
+    # line is the result's.
+    captured = capsys.readouterr()
+    out = captured.err
+    assert not [line for line in captured.out.splitlines() if line.startswith("[")], captured.out
     lines = [line for line in out.splitlines() if line.startswith("[")]
     generations = [int(g) for g in re.findall(r"generation (\d+)/1", out)]
     assert generations and max(generations) == 1, out
     assert lines[-1].startswith("[completed] ▕██████████▏ generation 1/1"), out
-    assert f"{result.best_roofline_fraction:.1%} of the roofline" in out, out
+    assert f"{result.best_roofline_fraction:.1%} of the roofline" in captured.err + captured.out, captured
     assert f"best {result.best_speedup:.3f}x" in lines[-1], out
