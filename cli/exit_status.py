@@ -79,7 +79,15 @@ def classify(error: BaseException) -> tuple[int, str] | None:
             )
         if unreachable(error):
             return MACHINE, f"Temporal stopped answering ({text}); check `kf status` and run again"
+        from temporalio.client import WorkflowUpdateFailedError
+
+        if isinstance(error, WorkflowUpdateFailedError):
+            # The search refused the update (its validator): the value, not the machine.
+            cause = getattr(error.cause, "message", None) or str(error.cause or error)
+            return BAD_INPUT, f"the search refused the change: {cause}"
         if not_found(error):
+            if "already completed" in text:
+                return BAD_INPUT, f"{text}: the search has ended (`kf search show ID` says how)"
             return BAD_INPUT, f"{text}; `kf search list` shows the search ids"
     if isinstance(error, UserError):
         return BAD_INPUT, str(error)

@@ -281,3 +281,12 @@ def test_extend_budget_refuses_an_infinite_or_unbounded_budget() -> None:
         with pytest.raises(ValidationError):
             search._validate_budget(bad)
     search._validate_budget({"max_wall_minutes": 60.0})
+
+
+def test_extend_budget_refuses_to_lower_a_limit() -> None:
+    search = KernelSearch()
+    search._state = SearchState(search_id="s", spec=SearchSpec(problem="softmax", budget={"max_candidates": 10}))
+    with pytest.raises(ValueError, match="max_candidates 3 is below the search's max_candidates of 10"):
+        search._validate_budget({"max_candidates": 3})
+    search._validate_budget({"max_candidates": 10})  # the same limit is no change
+    search._validate_budget({"max_candidates": 20, "max_llm_usd": 1.0})  # a limit it did not have is set

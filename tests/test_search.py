@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 
 from activities.search_client import search_status
+from cli import exit_status
 from engine.evidence.store import EventStore
 from engine.hardware import machine_key
 from engine.harness.backend import backend_for
@@ -380,6 +381,12 @@ async def test_pause_resume_hint_and_stop(client: Client, store: EventStore, pre
 
         hinted = await handle.execute_update("add_hint", "try the online softmax", result_type=SearchStatus)
         assert "try the online softmax" in hinted.hints
+        # Extending raises a limit; a lower one is refused by the search, and `kf` says so as bad input.
+        await handle.execute_update("extend_budget", {"max_candidates": 50}, result_type=SearchStatus)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("extend_budget", {"max_candidates": 2}, result_type=SearchStatus)
+        said = exit_status.classify(refused.value)
+        assert said is not None and said[0] == exit_status.BAD_INPUT and "below the search's" in said[1], said
         await handle.execute_update("resume", result_type=SearchStatus)
         await wait_for(client, handle.id, lambda s: s.candidates_done > frozen)
         await handle.execute_update("stop", result_type=SearchStatus)

@@ -917,7 +917,16 @@ class KernelSearch:
     def _validate_budget(self, budget: dict[str, Any]) -> None:
         # Rejected updates never reach history; pydantic's message says which field was wrong.
         state = self._require_state()
-        Budget.model_validate(state.spec.budget.model_dump() | {k: v for k, v in budget.items() if v is not None})
+        current = state.spec.budget.model_dump()
+        Budget.model_validate(current | {k: v for k, v in budget.items() if v is not None})
+        # Extending raises a limit (or sets one the search did not have): a lower one would end the search early,
+        # which is `kf search stop`'s job, said as such.
+        for field, value in budget.items():
+            if value is not None and current.get(field) is not None and value < current[field]:
+                raise ValueError(
+                    f"{field} {value} is below the search's {field} of {current[field]}: extending raises a budget; "
+                    "`kf search stop` ends a search"
+                )
 
     async def _record_message(self, kind: str, payload: dict[str, Any]) -> None:
         state = self._require_state()
