@@ -10,11 +10,13 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, get_args
+from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
@@ -255,11 +257,6 @@ def spec_from_args(args: argparse.Namespace) -> SearchSpec:
             )
     from engine.problems import load_problem, names_a_problem, problem_argument  # numpy: only where searches start
 
-    if not names_a_problem(args.problem):
-        # Neither a built-in name nor a problem folder: refused here, before any server is contacted, with the
-        # message (and exit status 2) `kf evaluate --problem` gives.
-        load_problem(args.problem)
-
     # A folder given relative to this shell's directory means nothing to a worker started elsewhere.
     raw["problem"] = problem_argument(args.problem)
     given = _given_options(args)
@@ -277,9 +274,14 @@ def spec_from_args(args: argparse.Namespace) -> SearchSpec:
             value = holder[name] + value  # --hint adds to the spec's hints
         holder[name] = value
     try:
-        return SearchSpec.model_validate(raw)
+        spec = SearchSpec.model_validate(raw)
     except ValidationError as error:
         raise UserError(f"invalid search: {explain(error, SearchSpec, given)}") from None
+    if not names_a_problem(spec.problem):
+        # A well-formed name that is neither a built-in problem nor a problem folder: refused here, before any
+        # server is contacted, with the message (and exit status 2) `kf evaluate --problem` gives.
+        load_problem(spec.problem)
+    return spec
 
 
 def _given_options(args: argparse.Namespace) -> dict[str, str]:
@@ -296,7 +298,7 @@ def ui_url(search_id: str | None = None) -> str:
     base = os.environ.get("KF_TEMPORAL_UI_URL") or _embedded_ui_url() or UI_URL_DEFAULT
     if search_id is None:
         return base
-    return f"{base}/namespaces/{temporal_namespace()}/workflows/{search_id}"
+    return f"{base}/namespaces/{quote(temporal_namespace(), safe='')}/workflows/{quote(search_id, safe='')}"
 
 
 def _embedded_ui_url() -> str | None:
@@ -338,7 +340,8 @@ def _following(search: list[str], follow_it: Callable[[], int]) -> int:
         signal.signal(signal.SIGTERM, previous)
     if search:
         print(
-            f"\nkf: {why}; search {search[0]} goes on without this follower: `kf search show {search[0]} --wait` "
+            f"\nkf: {why}; search {search[0]} goes on without this follower: `kf search show {shlex.quote(search[0])} "
+            "--wait` "
             "follows it again",
             file=sys.stderr,
         )
@@ -358,7 +361,7 @@ async def _start(spec: SearchSpec, args: argparse.Namespace, started: list[str])
         if args.json:
             print(json.dumps({"search_id": handle.id, "status": "running", "ui": ui_url(handle.id)}))
         else:
-            print(f"started {handle.id}\nfollow: kf search show {handle.id}\nUI: {ui_url(handle.id)}")
+            print(f"started {handle.id}\nfollow: kf search show {shlex.quote(handle.id)}\nUI: {ui_url(handle.id)}")
         return 0
     if not args.json:
         # Progress, like the lines that follow it: on stderr; the result alone goes to stdout.
@@ -409,7 +412,7 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
                     continue
                 message = (
                     f"Temporal unreachable for {now - outage_began:.0f} s ({error}); the search may still be running: "
-                    f"follow it again with `kf search show {search_id} --wait` once Temporal is back"
+                    f"follow it again with `kf search show {shlex.quote(search_id)} --wait` once Temporal is back"
                 )
             else:
                 cause = getattr(error, "cause", None)
@@ -597,7 +600,8 @@ def run_show(args: argparse.Namespace) -> int:
         # A search that ended without its result: exit 1, as `--wait` does (cli/exit_status.py).
         if not args.json:
             print(
-                f"kf: search {status.search_id} {status.status}; `kf search show {status.search_id} --wait` says why",
+                f"kf: search {status.search_id} {status.status}; "
+                f"`kf search show {shlex.quote(status.search_id)} --wait` says why",
                 file=sys.stderr,
             )
         return 1

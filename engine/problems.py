@@ -623,7 +623,10 @@ def _problem_folder(text: str) -> Path | None:
 def names_a_problem(text: str) -> bool:
     """True when ``text`` is a built-in problem's name or a path to a folder holding problem.py (or to that
     file)."""
-    return bool(text) and _problem_folder(text) is not None
+    try:
+        return bool(text) and _problem_folder(text) is not None
+    except OSError:  # a name the file system cannot even look up (too long, say)
+        return False
 
 
 def problem_argument(text: str) -> str:
