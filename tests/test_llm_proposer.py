@@ -52,15 +52,17 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # --- kernels the scripted model "writes" ---------------------------------------------------------------
 
 GOOD_SOFTMAX = """
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
-/* One pass for max and sum (online softmax), one to write. */
+/* One pass for max and sum (online softmax), one to write. The running max starts at -FLT_MAX, not -INFINITY:
+ * a row that starts with masked -inf scores then adds exp(-inf) = 0, not exp(-inf - -inf) = NaN. */
 void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
-        float m = -INFINITY, s = 0.0f;
+        float m = -FLT_MAX, s = 0.0f;
         for (int64_t c = 0; c < cols; c++) {
             float v = xr[c];
             if (v > m) { s = s * expf(m - v) + 1.0f; m = v; } else { s += expf(v - m); }
