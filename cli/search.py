@@ -339,10 +339,9 @@ def _following(search: list[str], follow_it: Callable[[], int]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if search:
+        again = f"kf search show {shlex.quote(search[0])} --wait"
         print(
-            f"\nkf: {why}; search {search[0]} goes on without this follower: `kf search show {shlex.quote(search[0])} "
-            "--wait` "
-            "follows it again",
+            f"\nkf: {why}; search {search[0]} goes on without this follower: `{again}` follows it again",
             file=sys.stderr,
         )
     else:
