@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from engine.errors import ProblemDefinitionError, UserError
-from engine.problems import Problem, bf16_to_float32, float32_to_bf16, load_problem
+from engine.problems import Problem, bf16_to_float32, changed_input, float32_to_bf16, load_problem
 
 MIN_CALL_NS = 50_000.0
 """Shortest seed call on a benchmark shape that still measures the kernel rather than the call (0.05 ms)."""
@@ -80,22 +80,13 @@ def _worst_ratio(
     return worst
 
 
-def _changed_input(first: dict[str, Any], second: dict[str, Any]) -> str | None:
-    """The name of an input that differs bitwise between two draws, or None."""
-    for name, value in first.items():
-        a, b = np.asarray(value), np.asarray(second.get(name))
-        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
-            return name
-    return None
-
-
 def check_baseline(problem: Problem) -> CheckResult:
     for shape in problem.validation_shapes:
         for distribution in problem.distributions:
             for seed in (0, 1):
                 inputs = problem.make_inputs(shape, distribution, seed)
                 if seed == 0:
-                    changed = _changed_input(inputs, problem.make_inputs(shape, distribution, seed))
+                    changed = changed_input(inputs, problem.make_inputs(shape, distribution, seed))
                     if changed is not None:
                         # The harness draws each trial's inputs again from its seed to check an output: a
                         # kernel would be judged on inputs it never saw.

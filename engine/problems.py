@@ -620,6 +620,16 @@ def _problem_folder(text: str) -> Path | None:
     return folder if (folder / "problem.py").is_file() else None
 
 
+def changed_input(first: dict[str, Any], second: dict[str, Any]) -> str | None:
+    """The name of an input that differs bitwise between two draws of make_inputs, or None: the judge redraws
+    inputs from their seeds, so a make_inputs that does not draw from its rng fails the comparison."""
+    for name, value in first.items():
+        a, b = np.asarray(value), np.asarray(second.get(name))
+        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            return name
+    return None
+
+
 def names_a_problem(text: str) -> bool:
     """True when ``text`` is a built-in problem's name or a path to a folder holding problem.py (or to that
     file)."""

@@ -58,7 +58,7 @@ from engine.harness.cuda.timing import (
     round_order,
     rounds_per_batch,
 )
-from engine.harness.verdicts import ValidationReport, Verdict
+from engine.harness.verdicts import BenchmarkReport, ValidationReport, Verdict
 from engine.problems import bf16_to_float32, load_problem
 from engine.search.spec import build_queue, compile_queue
 from engine.targets import Gpu, GpuScan, scan_gpus
@@ -530,17 +530,23 @@ def test_a_to_a_benchmark_pairs_rounds_and_reports_the_roofline(folders: dict[st
         assert library.verdict == Verdict.harness_error and "cupy is not importable" in library.message
 
 
-def test_a_kernel_wrong_only_when_timed_is_caught(folders: dict[str, Path], cache: Path) -> None:
-    wrong = install_double_artifact(folders["scale"], "wrong", cache)
+def timed_against_the_seed(folders: dict[str, Path], cache: Path, behaviour: str) -> BenchmarkReport:
+    """The benchmark of a double kernel of ``behaviour`` on the scale problem, against its correct one."""
+    kernel = install_double_artifact(folders["scale"], behaviour, cache)
     seed = install_double_artifact(folders["scale"], "correct", cache)
     (report,) = benchmark_cuda(
         load_problem(folders["scale"]),
-        wrong,
+        kernel,
         [Reference(kind="artifact", artifact_id=seed, label="seed")],
         budget_s=0.3,
         cache_dir=cache,
         driver_module=DOUBLE,
     )
+    return report
+
+
+def test_a_kernel_wrong_only_when_timed_is_caught(folders: dict[str, Path], cache: Path) -> None:
+    report = timed_against_the_seed(folders, cache, "wrong")
     assert report.verdict == Verdict.incorrect and report.cases[0].check == "timed_output"
     assert math.isclose(report.speedup, 0.0)
 
@@ -548,16 +554,7 @@ def test_a_kernel_wrong_only_when_timed_is_caught(folders: dict[str, Path], cach
 def test_a_kernel_that_memoizes_by_buffer_finds_no_cheap_drift(folders: dict[str, Path], cache: Path) -> None:
     # Each use of an input set drifts an element drawn at random, so recomputing only element 0 of a
     # remembered answer is wrong on the fetched output (it was right while the drift only moved element 0).
-    memoizer = install_double_artifact(folders["scale"], "memoizes_by_buffer", cache)
-    seed = install_double_artifact(folders["scale"], "correct", cache)
-    (report,) = benchmark_cuda(
-        load_problem(folders["scale"]),
-        memoizer,
-        [Reference(kind="artifact", artifact_id=seed, label="seed")],
-        budget_s=0.3,
-        cache_dir=cache,
-        driver_module=DOUBLE,
-    )
+    report = timed_against_the_seed(folders, cache, "memoizes_by_buffer")
     assert report.verdict == Verdict.incorrect and report.cases[0].check == "timed_output", report.message
 
 

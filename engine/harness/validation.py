@@ -38,7 +38,7 @@ from engine.harness import protocol as p
 from engine.harness.driver import ArtifactNotFound, Contender, Failed, SandboxFailure
 from engine.harness.sandbox import CpuLease, SandboxLimits
 from engine.harness.verdicts import CaseEvidence, ValidationReport, Verdict
-from engine.problems import DTYPES, Problem, bf16_to_float32, float32_to_bf16
+from engine.problems import DTYPES, Problem, bf16_to_float32, changed_input, float32_to_bf16
 
 __all__ = ["ArtifactNotFound", "SandboxFailure", "validate_artifact"]
 
@@ -270,14 +270,13 @@ def _same_draw(problem: Problem, trial: Trial, first: dict[str, Any], again: dic
     """Raise ProblemDefinitionError when drawing a trial's inputs again from its seed gave other inputs: the
     judge redraws inputs from seeds to check outputs (this repeat, timed outputs), so a make_inputs that does
     not draw from its rng would have a kernel judged on inputs it never saw."""
-    for name, value in first.items():
-        a, b = np.asarray(value), np.asarray(again.get(name))
-        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
-            raise ProblemDefinitionError(
-                f"{problem.folder / 'problem.py'} make_inputs({trial.shape}, {trial.distribution!r}) gave a "
-                f"different {name!r} for the same seed: draw every random number from its rng argument (never "
-                "np.random.* directly, the time or a counter)"
-            )
+    name = changed_input(first, again)
+    if name is not None:
+        raise ProblemDefinitionError(
+            f"{problem.folder / 'problem.py'} make_inputs({trial.shape}, {trial.distribution!r}) gave a "
+            f"different {name!r} for the same seed: draw every random number from its rng argument (never "
+            "np.random.* directly, the time or a counter)"
+        )
 
 
 def _perturbed(problem: Problem, trial: Trial, inputs: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
