@@ -573,7 +573,10 @@ class Contender:
                 "protocol",
                 "the worker's command pipe carried garbage: the candidate read or wrote it",
             )
-        if code == p.EXIT_PROBLEM:
+        if code == p.EXIT_PROBLEM and (self.plan.contender == "numpy" or what == "loading"):
+            # Believed only where no candidate code can have run (the numpy reference's worker, or any worker
+            # before its library is loaded): a kernel that exits with this status itself would otherwise pass
+            # its own crash off as the problem's failure, which is never the kernel's verdict.
             tail = outcome.output_tail
             said = tail[tail.rfind(p.PROBLEM_MARK) + len(p.PROBLEM_MARK) :].strip() if p.PROBLEM_MARK in tail else ""
             return Failed(
