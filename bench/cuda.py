@@ -12,6 +12,13 @@ Finally the incumbent is timed against the seed and the library baseline (CuPy) 
 - hbm_fraction: the incumbent's fraction of the HBM roofline (bytes moved / measured bandwidth), by problem;
 - the GPU's fingerprint and measured HBM bandwidth.
 
+With ``--landscape`` it measures each problem's whole template space instead of searching it: every allowed
+setting compiled and validated (side by side: validations share the GPU), then the seed timed against every
+correct setting in ONE interleaved benchmark (one input upload, the same rounds for all), so each setting's
+time is a ratio to the seed's measured in the same run. Keys: ``best_in_space_hbm_fraction`` and
+``best_in_space`` (the setting) by problem, and each setting's ``hbm_fraction`` (the seed's fraction divided
+by the seed's speedup over that setting). It says whether the space holds a near-roofline kernel at all.
+
 Every figure is printed with the command that reproduces it. Without a GPU it prints why it skipped (with
 ``--json``: ``{"skipped": "..."}``) and exits 0. Progress goes to stderr; the figures (or the JSON) to stdout.
 """
@@ -48,13 +55,18 @@ def say(text: str) -> None:
 
 def template_sample(problem: Any, count: int, rng: random.Random) -> list[dict[str, Any]]:
     """Up to ``count`` distinct template settings the problem allows, in a random (seeded) order."""
+    allowed = allowed_settings(problem)
+    rng.shuffle(allowed)
+    return allowed[:count]
+
+
+def allowed_settings(problem: Any) -> list[dict[str, Any]]:
+    """Every template setting the problem allows, in the order its knobs' values are declared."""
     space = problem.template_params
     if not space:
         return []
     settings = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
-    allowed = [s for s, ok in zip(settings, problem.allowed(settings), strict=True) if ok]
-    rng.shuffle(allowed)
-    return allowed[:count]
+    return [s for s, ok in zip(settings, problem.allowed(settings), strict=True) if ok]
 
 
 def figure(report: Any) -> dict[str, Any]:
@@ -101,7 +113,7 @@ def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) ->
         if time.monotonic() - started > SEARCH_SHARE * seconds:
             break
         record["tried"] += 1
-        label = " ".join(f"{key}={value}" for key, value in params.items())
+        label = setting_label(params)
         artifact = build(problem.render_template(params), label)
         if artifact is None:
             continue
@@ -132,6 +144,93 @@ def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) ->
     if str(versus_seed.verdict) != "ok":
         record["error"] = f"final benchmark: {versus_seed.verdict}: {versus_seed.message}"
     return record
+
+
+def landscape(backend: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every allowed template setting of one problem: compiled and validated side by side, then timed against the
+    seed (and the library baseline) in one interleaved benchmark; each setting's ratio and HBM fraction."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.harness.benchmarking import Reference
+    from engine.harness.cuda.child import shape_key
+    from engine.harness.stats import weighted_geomean
+    from engine.problems import load_problem
+
+    started = time.monotonic()
+    problem = backend.problem(load_problem(name))
+    settings = allowed_settings(problem)
+
+    def build(source: str) -> tuple[str | None, str]:
+        try:
+            return built_and_validated(source)
+        except Exception as error:  # one setting's harness failure must not lose the others
+            return None, f"harness: {type(error).__name__}: {error}"
+
+    def built_and_validated(source: str) -> tuple[str | None, str]:
+        compiled = backend.compile(problem, source)
+        if str(compiled.verdict) != "ok" or not compiled.artifact_id:
+            return None, f"compile {compiled.verdict}: {compiled.first_error}"
+        validated = backend.validate(problem, compiled.artifact_id, seed=args.seed)
+        if str(validated.verdict) != "ok":
+            return None, f"validation {validated.verdict}: {validated.message}"
+        return str(compiled.artifact_id), "ok"
+
+    seed_id, why = build(problem.seed_source())
+    if seed_id is None:
+        return {"problem": name, "error": f"the seed kernel: {why}"}
+    # Validations take the GPU's lock shared, so they run side by side; compiles are NVRTC children.
+    with ThreadPoolExecutor(args.workers) as pool:
+        built = list(pool.map(lambda params: build(problem.render_template(params)), settings))
+    record: dict[str, Any] = {"problem": name, "settings": [], "build_seconds": time.monotonic() - started}
+    correct = [(params, artifact) for params, (artifact, _) in zip(settings, built, strict=True) if artifact]
+    for params, (artifact, why) in zip(settings, built, strict=True):
+        if artifact is None:
+            record["settings"].append({"params": params, "verdict": why})
+            say(f"  [{name}] {params}: {why}")
+    say(f"[{name}] {len(correct)} of {len(settings)} settings correct in {record['build_seconds']:.0f}s; timing")
+    references = [
+        *(
+            Reference(kind="artifact", artifact_id=artifact, label=setting_label(params))
+            for params, artifact in correct
+        ),
+        backend.library_reference,
+    ]
+    reports = backend.benchmark(problem, seed_id, references, budget_s=args.final_budget, seed=args.seed)
+    seed_fraction = reports[0].roofline_fraction
+    if str(reports[0].verdict) != "ok" or seed_fraction is None:
+        record["error"] = f"the landscape benchmark: {reports[0].verdict}: {reports[0].message}"
+        return record
+    rows: list[dict[str, Any]] = []
+    for (params, _), report in zip(correct, reports, strict=False):
+        # The setting's median time per shape is the report's reference time: its fraction of the roofline is
+        # weighed over the shapes as the judge weighs the candidate's.
+        row: dict[str, Any] = {"params": params, "verdict": "ok", "seed_vs_setting": figure(report)}
+        row["hbm_fraction"], row["hbm_fraction_by_shape"] = None, {}
+        if str(report.verdict) == "ok" and all(t.roofline_ns for t in report.shapes):
+            by_shape = [t.roofline_ns / t.reference_ns for t in report.shapes]
+            row["hbm_fraction"] = weighted_geomean(by_shape, [t.weight for t in report.shapes])
+            row["hbm_fraction_by_shape"] = {shape_key(t.shape): f for t, f in zip(report.shapes, by_shape, strict=True)}
+        rows.append(row)
+    record["settings"].extend(rows)
+    ranked = sorted((r for r in rows if r["hbm_fraction"] is not None), key=lambda r: -r["hbm_fraction"])
+    record |= {
+        "seed_hbm_fraction": seed_fraction,
+        "seed_hbm_fraction_by_shape": {
+            shape_key(t.shape): t.roofline_ns / t.candidate_ns for t in reports[0].shapes if t.roofline_ns
+        },
+        "seed_vs_library": figure(reports[-1]),
+        "best_in_space": ranked[0]["params"] if ranked else None,
+        "best_in_space_hbm_fraction": ranked[0]["hbm_fraction"] if ranked else None,
+        "gpu": reports[0].hardware.gpu.model_dump(mode="json") if reports[0].hardware.gpu else None,
+        "seconds": time.monotonic() - started,
+    }
+    for r in ranked[:5]:
+        say(f"  [{name}] {setting_label(r['params'])}: {r['hbm_fraction']:.3f} of the HBM roofline")
+    return record
+
+
+def setting_label(params: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in params.items())
 
 
 def reproduce(argv: list[str], problem: str) -> str:
@@ -165,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=0.5, help="timing budget per candidate, seconds")
     parser.add_argument("--final-budget", type=float, default=2.0, help="timing budget of the final benchmark")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler and of the inputs")
+    parser.add_argument(
+        "--landscape", action="store_true", help="measure every allowed template setting instead of searching"
+    )
+    parser.add_argument("--workers", type=int, default=8, help="compiles and validations side by side (--landscape)")
     args = parser.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
     command = shlex.join([Path(sys.executable).name, "bench/cuda.py", *given])
@@ -189,14 +292,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         say(f"[{name}] searching for {share:.0f}s")
         try:
-            records.append(search(backend, name, share, args))
+            records.append(landscape(backend, name, args) if args.landscape else search(backend, name, share, args))
         except Exception as error:  # one problem's failure must not hide the others' figures
             records.append({"problem": name, "error": f"{type(error).__name__}: {error}"})
             say(f"[{name}] failed: {type(error).__name__}: {error}")
     fingerprint = next((r["gpu"] for r in records if r.get("gpu")), None)
     bandwidth = fingerprint.get("hbm_bandwidth_gbs") if fingerprint else None
+    landscape_keys = (
+        {
+            "best_in_space_hbm_fraction": {r["problem"]: r.get("best_in_space_hbm_fraction") for r in records},
+            "best_in_space": {r["problem"]: r.get("best_in_space") for r in records},
+        }
+        if args.landscape
+        else {}
+    )
     document = {
         "command": command,
+        **landscape_keys,
         "gpu": fingerprint,
         "hbm_bandwidth_gbs": bandwidth,
         "hbm_fraction": {r["problem"]: r.get("hbm_fraction") for r in records},
@@ -221,6 +333,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{r['problem']}] speedup_vs_library: {text_of(r['speedup_vs_library'])}  <- {again}")
                 fraction = r["hbm_fraction"]
                 print(f"[{r['problem']}] hbm_fraction: {fraction:.3f}  <- {again}" if fraction is not None else "")
+            if r.get("best_in_space_hbm_fraction") is not None:
+                best = setting_label(r["best_in_space"])
+                print(f"[{r['problem']}] seed_hbm_fraction: {r['seed_hbm_fraction']:.3f}  <- {again}")
+                print(f"[{r['problem']}] seed_vs_library: {text_of(r['seed_vs_library'])}  <- {again}")
+                print(
+                    f"[{r['problem']}] best_in_space_hbm_fraction: {r['best_in_space_hbm_fraction']:.3f} "
+                    f"({best})  <- {again}"
+                )
     return 1 if any("error" in r for r in records) else 0
 
 
