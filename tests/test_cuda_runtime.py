@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -556,6 +557,68 @@ def test_a_kernel_that_memoizes_by_buffer_finds_no_cheap_drift(folders: dict[str
     # remembered answer is wrong on the fetched output (it was right while the drift only moved element 0).
     report = timed_against_the_seed(folders, cache, "memoizes_by_buffer")
     assert report.verdict == Verdict.incorrect and report.cases[0].check == "timed_output", report.message
+
+
+def test_the_judge_checks_a_secret_mid_run_output_and_draws_each_batchs_length(
+    folders: dict[str, Path], cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the shape's last call was fetched, after batches of a fixed number of rounds: a kernel counting its
+    launches knew which call the judge would check, and one watching the clock could work only near the end.
+    Now a batch's rounds are drawn in secret and the output of the batch that crosses a secret point of the
+    budget is fetched and checked too (here the point is the start, so every shape of several batches has one)."""
+    import engine.harness.cuda.judge as judge
+    from engine.harness.cuda.child import CudaChild
+
+    monkeypatch.setattr(judge, "MID_CHECK_SPAN", (0.0, 0.0))
+    sent: list[Any] = []
+    checked: list[int] = []
+    request, check = CudaChild.request, judge.check_timed_output
+
+    def recorded(self: CudaChild, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(command)
+        return request(self, command, *args, **kwargs)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checked.append(1)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(CudaChild, "request", recorded)
+    monkeypatch.setattr(judge, "check_timed_output", counted)
+    problem = load_problem(folders["scale"])
+    kernel = install_double_artifact(folders["scale"], "correct", cache)
+    # How many batches a budget buys depends on the machine's load: grow it until a shape runs several.
+    for budget_s in (0.5, 2.0, 6.0):
+        sent.clear()
+        checked.clear()
+        (report,) = benchmark_cuda(
+            problem,
+            kernel,
+            [Reference(kind="artifact", artifact_id=kernel, label="itself")],
+            budget_s=budget_s,
+            cache_dir=cache,
+            driver_module=DOUBLE,
+            revalidate=False,
+        )
+        assert report.verdict == Verdict.ok, report.message
+        per_shape: list[list[Any]] = []
+        for command in sent:
+            if isinstance(command, m.CudaPrepare):
+                per_shape.append([])
+            elif per_shape and isinstance(command, m.CudaRounds | m.CudaFetch):
+                per_shape[-1].append(command)
+        assert len(per_shape) == len(problem.benchmark_shapes)
+        for commands in per_shape:
+            batches = sum(isinstance(c, m.CudaRounds) for c in commands)
+            fetches = sum(isinstance(c, m.CudaFetch) for c in commands)
+            # The last call always; one more after the first batch when the shape ran more than one.
+            assert fetches == (2 if batches > 1 else 1), commands
+            assert isinstance(commands[-1], m.CudaFetch)
+        assert len(checked) == sum(isinstance(c, m.CudaFetch) for c in sent)
+        lengths = {c.rounds for c in sent if isinstance(c, m.CudaRounds)}
+        if any(sum(isinstance(c, m.CudaRounds) for c in commands) > 3 for commands in per_shape) and len(lengths) > 1:
+            break
+    else:
+        pytest.fail(f"no shape ran more than 3 batches of varied lengths even at {budget_s} s: {lengths}")
 
 
 def test_a_failing_reference_is_never_the_candidates_verdict(folders: dict[str, Path], cache: Path) -> None:

@@ -19,6 +19,7 @@ GpuBusy: the GPU's lock stayed taken; SandboxFailure), never a kernel's verdict.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -73,6 +74,13 @@ MAX_ROUNDS = 20_000
 QUEUE_GAP_NS = 20_000.0
 # When the bandwidth is not yet known, the flush's duration is estimated at this rate (bytes per ns).
 FALLBACK_BYTES_PER_NS = 1000.0
+# Each batch's number of rounds is drawn in secret between half and all of the planned batch, and the
+# candidate's output is fetched (and checked) once more after the batch that crosses a secret point of the
+# shape's budget, between these shares of it. Why: the rounds of a batch were a fixed number and only the
+# shape's very last call was checked, so a kernel that counted its launches knew which call the judge would
+# look at, and one that watched the clock could do its work only near the end of the budget.
+MID_CHECK_SPAN = (0.1, 0.9)
+_SECRET = random.SystemRandom()
 LIBRARY_LABEL_NOTE = "the problem's library baseline (cuda_baseline, through CuPy)"
 
 
@@ -382,18 +390,22 @@ def _bandwidth(child: CudaChild, gpu: GpuFingerprint, cache_dir: Path | None) ->
 @dataclass(frozen=True)
 class TimedShape:
     """What timing one shape gave: per-call device nanoseconds by round and active contender, and the
-    candidate's last timed output with the inputs to check it against."""
+    candidate's fetched timed outputs (the last call of a secretly chosen batch, and the shape's last call),
+    with the inputs to check them against."""
 
     rows: np.ndarray
     shape: dict[str, int]
     distribution: str
-    output: m.Reply
-    data: bytearray
+    outputs: list[tuple[m.Reply, bytearray]]
     kept: dict[int, dict[str, Any]]
 
     def check(self, problem: Problem) -> CaseEvidence | None:
-        """None when the timed output matches the reference of the inputs it read, else the evidence."""
-        return check_timed_output(problem, self.shape, self.distribution, self.output, self.data, self.kept)
+        """None when every fetched output matches the reference of the inputs it read, else the evidence."""
+        for output, data in self.outputs:
+            evidence = check_timed_output(problem, self.shape, self.distribution, output, data, self.kept)
+            if evidence is not None:
+                return evidence
+        return None
 
 
 def _time_shape(
@@ -457,20 +469,28 @@ def _time_shape(
     round_ns = sum(per_call.values()) + len(active) * (flush_ns + QUEUE_GAP_NS)
     batch = rounds_per_batch(round_ns)
     rows: list[list[float]] = []
+    outputs: list[tuple[m.Reply, bytearray]] = []
+    mid_check_ns = _SECRET.uniform(*MID_CHECK_SPAN) * budget_ns
+    fetching_ns = 0  # the mid-run fetch's copy is not the rounds' time
     while True:
+        rounds = _SECRET.randint(max(1, batch // 2), batch)
         reply, _ = child.request(
-            m.CudaRounds(contenders=active, rounds=batch, first_round=len(rows)),
-            timeout=call_timeout_s + 20 * batch * round_ns / 1e9,
+            m.CudaRounds(contenders=active, rounds=rounds, first_round=len(rows)),
+            timeout=call_timeout_s + 20 * rounds * round_ns / 1e9,
             what="timed rounds",
         )
         if not isinstance(reply, m.CudaTimings):
             raise Failed(Verdict.harness_error, "harness", f"timed rounds were answered with {reply.kind}")
         rows.extend(reply.ns)
-        spent = time.perf_counter_ns() - started
+        spent = time.perf_counter_ns() - started - fetching_ns
         if len(rows) >= MAX_ROUNDS or (len(rows) >= MIN_ROUNDS and spent >= budget_ns):
             break
-    reply, data = child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching the last timed output")
-    return TimedShape(np.asarray(rows, dtype=np.float64), shape, distribution, reply, data, sets.kept)
+        if not outputs and spent >= mid_check_ns:
+            fetched = time.perf_counter_ns()
+            outputs.append(child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching a timed output"))
+            fetching_ns += time.perf_counter_ns() - fetched
+    outputs.append(child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching the last timed output"))
+    return TimedShape(np.asarray(rows, dtype=np.float64), shape, distribution, outputs, sets.kept)
 
 
 def _report_without_timing(
