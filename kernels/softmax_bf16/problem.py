@@ -46,7 +46,7 @@ CUDA_BENCHMARK_SHAPES: list[tuple[dict[str, int], float]] = [
 # what the GPU judge compares with (engine/harness/validation.py output_values). rtol 8e-3 allows that one step
 # and no more; float32 arithmetic adds ~1e-6. Accumulating in bfloat16, or keeping fewer bits, fails.
 TOLERANCES = {"bfloat16": {"atol": 1e-6, "rtol": 8e-3}}
-DISTRIBUTIONS = ["normal", "uniform", "large", "edge"]
+DISTRIBUTIONS = ["normal", "uniform", "large", "edge", "masked", "wide"]
 
 CUDA_ENTRY = "softmax_bf16"
 CUDA_SEED = "seed.cu"
@@ -67,7 +67,7 @@ def cuda_template_allows(params: dict[str, Any]) -> bool:
 
 
 def _to_bf16(values: np.ndarray) -> np.ndarray:
-    """float32 to bfloat16 bits, to nearest, ties to even (finite values: these inputs have no NaN)."""
+    """float32 to bfloat16 bits, to nearest, ties to even (no NaN among these inputs; an infinity stays one)."""
     bits = np.asarray(values, dtype=np.float32).view(np.uint32)
     return ((bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
 
@@ -88,6 +88,20 @@ def make_inputs(shape: dict[str, int], distribution: str, rng: np.random.Generat
     elif distribution == "edge":
         choices = np.array([0.0, -80.0, 80.0, 1e-30, -1e-30, 88.0, -103.0])
         x = rng.choice(choices, (rows, cols))
+    elif distribution == "wide":
+        # A language model's logits over its vocabulary: much of a long row's sum comes from terms far below
+        # the max, so a kernel that drops the small exponentials is off on every output of the row.
+        x = rng.standard_normal((rows, cols)) * 4.0
+    elif distribution == "masked":
+        # Attention scores: a masked leading block and masked positions (-inf, which bfloat16 holds, or a large
+        # negative stand-in), then one spike up to 200 above the rest; the row's last element is never masked.
+        # A kernel that takes the max over a prefix, or starts an online max at a masked -inf, fails.
+        x = rng.standard_normal((rows, cols))
+        for r in range(rows):
+            mask = rng.choice([-np.inf, -1e9, -1e4])
+            x[r, : int(rng.integers(0, cols))] = mask
+            x[r, :-1][rng.random(cols - 1) < 0.1] = mask
+            x[r, int(rng.integers(0, cols))] += rng.uniform(0.0, 200.0)
     else:
         raise ValueError(f"unknown distribution {distribution!r}; expected one of {DISTRIBUTIONS}")
     return {"x": np.ascontiguousarray(_to_bf16(x.astype(np.float32)))}

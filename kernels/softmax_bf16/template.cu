@@ -45,8 +45,8 @@ __device__ __forceinline__ void add_online(float &m, float &s, float v) {
     if (v > m) {
         s = s * fast_exp(m - v) + 1.0f;
         m = v;
-    } else {
-        s += fast_exp(v - m);
+    } else if (v != neg_inf()) {
+        s += fast_exp(v - m); /* a masked -inf adds nothing, and while m is -inf too, -inf - -inf is NaN */
     }
 }
 
