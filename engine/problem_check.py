@@ -24,6 +24,7 @@ Each check reports ``ok``, ``failed`` (with a message naming the fix) or ``skipp
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -189,25 +190,63 @@ def check_skipped_element(problem: Problem) -> CheckResult:
 
 
 def _validated(problem: Problem, source: str, what: str, cache_dir: Path | None) -> str | None:
-    """None when ``source`` compiles and validates ok; otherwise what went wrong."""
-    from engine.harness.cpu import compile_source
-    from engine.harness.validation import validate_artifact
+    """None when ``source`` compiles and validates ok; otherwise what went wrong. A CUDA kernel is compiled
+    with NVRTC for this machine's GPU, or for CUDA_CHECK_TARGET without one, and validated only on a GPU."""
+    from engine.harness.backend import backend_for
     from engine.harness.verdicts import Verdict
 
-    compiled = compile_source(problem, source, cache_dir=cache_dir)
+    backend = backend_for(_cuda_target()[0] if problem.backend == "cuda" else "cpu")
+    compiled = backend.compile(problem, source, cache_dir=cache_dir)
     if compiled.verdict != Verdict.ok or compiled.artifact_id is None:
         return f"{what} does not compile ({compiled.verdict.value}): {compiled.first_error}"
-    report = validate_artifact(problem, compiled.artifact_id, seeds=1, cache_dir=cache_dir)
+    if problem.backend == "cuda" and _cuda_target()[1] is not None:
+        return None  # no GPU here: compiled, not run
+    report = backend.validate(problem, compiled.artifact_id, seeds=1, cache_dir=cache_dir)
     if report.verdict != Verdict.ok:
         return f"{what} is {report.verdict.value}: {report.message}"
     return None
 
 
-def check_seed(problem: Problem, cache_dir: Path | None) -> CheckResult:
+CUDA_CHECK_TARGET = "cuda-sm90"
+"""What a CUDA kernel is compiled for on a machine without a GPU (NVRTC needs none)."""
+
+
+def _cuda_target() -> tuple[str, str | None]:
+    """The CUDA target the checks use, and why kernels are not run (None: a GPU is here and they are)."""
+    from engine.targets import scan_gpus
+
+    scan = scan_gpus()
+    if scan.gpus:
+        return scan.gpus[0].target, None
+    return CUDA_CHECK_TARGET, f"compiled for {CUDA_CHECK_TARGET} with NVRTC, not run: no GPU here ({scan.reason})"
+
+
+def _done(problem: Problem, what: str) -> str:
+    """What an ok seed or template check did: on a CUDA view without a GPU, compiled only, and why."""
+    if problem.backend == "cuda":
+        target, not_run = _cuda_target()
+        return f"{what} {not_run}" if not_run else f"{what} compile and validate ok on {target}"
+    return f"{what} compile and validate ok"
+
+
+def _backend_steps(problem: Problem) -> list[Problem | None]:
+    """The views the seed and template checks run on: the CPU kernel's, then the CUDA kernel's (None where
+    the folder declares no kernel for that backend)."""
+    return [problem.for_backend(b) if b in problem.backends else None for b in ("cpu", "cuda")]
+
+
+def _no_kernel(name: str, problem: Problem, backend: str) -> CheckResult:
+    declares = " and ".join(problem.backends)
+    return CheckResult(
+        name=name, status="skipped", message=f"no {backend} kernel: the problem declares kernels for {declares} only"
+    )
+
+
+def check_seed(problem: Problem, cache_dir: Path | None, name: str = "seed") -> CheckResult:
     wrong = _validated(problem, problem.seed_source(), "the seed", cache_dir)
     if wrong:
-        return CheckResult(name="seed", status="failed", message=f"{wrong}; fix {problem.folder / 'seed.c'}")
-    return CheckResult(name="seed", status="ok", message="compiles and validates ok")
+        return CheckResult(name=name, status="failed", message=f"{wrong}; fix {problem.seed_path}")
+    return CheckResult(name=name, status="ok", message=_done(problem, "the seed:"))
 
 
 def template_sample(problem: Problem, count: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -221,19 +260,19 @@ def template_sample(problem: Problem, count: int, seed: int = 0) -> list[dict[st
     return [space[0], *(space[i] for i in sorted(picks)), space[-1]]
 
 
-def check_template(problem: Problem, cache_dir: Path | None) -> CheckResult:
+def check_template(problem: Problem, cache_dir: Path | None, name: str = "template") -> CheckResult:
+    declared = "CUDA_TEMPLATE" if problem.backend == "cuda" else "TEMPLATE"
     if problem.template_source() is None:
-        return CheckResult(name="template", status="skipped", message="the problem declares no TEMPLATE")
+        return CheckResult(name=name, status="skipped", message=f"the problem declares no {declared}")
     sample = template_sample(problem, TEMPLATE_SAMPLE)
+    allows = "cuda_template_allows()" if problem.backend == "cuda" else "template_allows()"
     for params in sample:
         wrong = _validated(problem, problem.render_template(params), f"the template setting {params}", cache_dir)
         if wrong:
             return CheckResult(
-                name="template",
-                status="failed",
-                message=f"{wrong}; fix the template or exclude the setting in template_allows()",
+                name=name, status="failed", message=f"{wrong}; fix the template or exclude the setting in {allows}"
             )
-    return CheckResult(name="template", status="ok", message=f"{len(sample)} sampled settings compile and validate ok")
+    return CheckResult(name=name, status="ok", message=_done(problem, f"{len(sample)} sampled settings:"))
 
 
 def check_seed_timing(problem: Problem, cache_dir: Path | None) -> CheckResult:
@@ -307,11 +346,22 @@ def check_problem(
         ("half_precision", lambda: check_low_precision(problem, "float16")),
         ("bf16", lambda: check_low_precision(problem, "bfloat16")),
         ("skipped_element", lambda: check_skipped_element(problem)),
-        ("seed", lambda: check_seed(problem, cache_dir)),
-        ("template", lambda: check_template(problem, cache_dir)),
     ]
+    # The seed and template checks of each backend the folder declares a kernel for; the seed's timing is the
+    # CPU kernel's (a GPU's is bench/cuda.py's).
+    cpu, cuda = _backend_steps(problem)
+    for view, prefix in ((cpu, ""), (cuda, "cuda_")):
+        backend = "cpu" if view is cpu else "cuda"
+        for name, check in ((f"{prefix}seed", check_seed), (f"{prefix}template", check_template)):
+            if view is None:
+                steps.append((name, functools.partial(_no_kernel, name, problem, backend)))
+            else:
+                steps.append((name, functools.partial(check, view, cache_dir, name)))
     if timing:
-        steps.append(("seed_timing", lambda: check_seed_timing(problem, cache_dir)))
+        if cpu is None:
+            steps.append(("seed_timing", functools.partial(_no_kernel, "seed_timing", problem, "cpu")))
+        else:
+            steps.append(("seed_timing", functools.partial(check_seed_timing, cpu, cache_dir)))
     raised = hung = False
     for index, (name, step) in enumerate(steps):
         if hung or (raised and index >= PURE_CHECKS):

@@ -537,8 +537,13 @@ class Problem:
     def outputs(self) -> list[Param]:
         return [p for p in self.params if p.role in ("out", "inout")]
 
+    @property
+    def seed_path(self) -> Path:
+        """The file of this backend's seed kernel (seed.c, seed.cu, or what SEED / CUDA_SEED name)."""
+        return self.folder / str(getattr(self.module, self._names.seed, self._names.default_seed))
+
     def seed_source(self) -> str:
-        return (self.folder / str(getattr(self.module, self._names.seed, self._names.default_seed))).read_text()
+        return self.seed_path.read_text()
 
     def template_source(self) -> str | None:
         name = getattr(self.module, self._names.template, None)

@@ -44,8 +44,33 @@ def test_a_copy_of_a_builtin_problem_passes_every_check(tmp_path: Path, capsys: 
         "skipped_element": "ok",
         "seed": "ok",
         "template": "ok",
+        "cuda_seed": "ok",
+        "cuda_template": "ok",
         "seed_timing": "ok",
     }
+
+
+def test_a_cuda_only_problem_is_checked_with_nvrtc_not_the_c_compiler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kf problem check softmax_bf16` compiled its CUDA seed as C and failed, naming a seed.c that does not
+    exist. A CUDA kernel is compiled with NVRTC (run only on a GPU), and the CPU checks say there is none."""
+    folder = folder_like("softmax_bf16", tmp_path)
+    assert kf(["problem", "check", str(folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    found = {c["name"]: c for c in report["checks"]}
+    assert {name: c["status"] for name, c in found.items() if name.startswith(("seed", "template", "cuda"))} == {
+        "seed": "skipped",
+        "template": "skipped",
+        "cuda_seed": "ok",
+        "cuda_template": "ok",
+        "seed_timing": "skipped",
+    }
+    assert "no cpu kernel" in found["seed"]["message"]
+    broken = folder_like("softmax_bf16", tmp_path / "broken", seed_cu=("m = partial[0];", "m = partial[0]"))
+    by_name = {c.name: c for c in check_problem(str(broken), timing=False).checks}
+    assert by_name["cuda_seed"].status == "failed", by_name["cuda_seed"].message
+    assert "compile_error" in by_name["cuda_seed"].message and str(broken / "seed.cu") in by_name["cuda_seed"].message
 
 
 def test_a_loose_tolerance_lets_low_precision_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
