@@ -22,7 +22,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +80,9 @@ FALLBACK_BYTES_PER_NS = 1000.0
 # shape's very last call was checked, so a kernel that counted its launches knew which call the judge would
 # look at, and one that watched the clock could do its work only near the end of the budget.
 MID_CHECK_SPAN = (0.1, 0.9)
+# Fetched outputs checked side by side (numpy's large operations let go of the GIL): a shape's mid-run check
+# is under way while the GPU times the rest of it, and two references of 256 MiB shapes take seconds each.
+CHECK_THREADS = 2
 _SECRET = random.SystemRandom()
 LIBRARY_LABEL_NOTE = "the problem's library baseline (cuda_baseline, through CuPy)"
 
@@ -273,7 +276,10 @@ def benchmark_cuda(
         shapes = problem.benchmark_shapes
         module_shapes = [s for s, _ in shapes] + problem.validation_shapes
         launches = [_launches(a, module_shapes) for a in artifacts]
-        with GpuLease(exclusive=True, cache_dir=cache_dir), ThreadPoolExecutor(1, "kf-output-check") as checker:
+        with (
+            GpuLease(exclusive=True, cache_dir=cache_dir),
+            ThreadPoolExecutor(CHECK_THREADS, "kf-output-check") as checker,
+        ):
             child = CudaChild(
                 contenders,
                 _params(problem),
@@ -293,10 +299,15 @@ def benchmark_cuda(
             samples: list[np.ndarray] = []
             timed: list[list[int]] = []  # the contenders of each shape's columns
             checks: list[Future[CaseEvidence | None]] = []
+
+            def check_later(timed: TimedOutput) -> None:
+                # The float64 reference of a large shape takes seconds: computed while the GPU times on.
+                checks.append(checker.submit(timed.check, problem))
+
             for s, (shape, weight) in enumerate(shapes):
                 state.update(phase="benchmark", shape=shape)
                 budget_ns = budget_s * 1e9 * weight / sum(w for _, w in shapes)
-                result = _time_shape(
+                rows = _time_shape(
                     problem,
                     child,
                     s,
@@ -309,10 +320,9 @@ def benchmark_cuda(
                     budget_ns,
                     seed,
                     call_timeout_s,
+                    check_later,
                 )
-                # The float64 reference of a large shape takes seconds: computed while the GPU times the next.
-                checks.append(checker.submit(result.check, problem))
-                samples.append(result.rows)
+                samples.append(rows)
                 timed.append(list(active))
             # A library baseline that failed on a later shape is left out of the earlier shapes' figures too.
             samples = [s[:, [cols.index(c) for c in active]] for s, cols in zip(samples, timed, strict=True)]
@@ -388,24 +398,18 @@ def _bandwidth(child: CudaChild, gpu: GpuFingerprint, cache_dir: Path | None) ->
 
 
 @dataclass(frozen=True)
-class TimedShape:
-    """What timing one shape gave: per-call device nanoseconds by round and active contender, and the
-    candidate's fetched timed outputs (the last call of a secretly chosen batch, and the shape's last call),
-    with the inputs to check them against."""
+class TimedOutput:
+    """One fetched output of the candidate's timed calls, with the inputs to check it against."""
 
-    rows: np.ndarray
     shape: dict[str, int]
     distribution: str
-    outputs: list[tuple[m.Reply, bytearray]]
+    output: m.Reply
+    data: bytearray
     kept: dict[int, dict[str, Any]]
 
     def check(self, problem: Problem) -> CaseEvidence | None:
-        """None when every fetched output matches the reference of the inputs it read, else the evidence."""
-        for output, data in self.outputs:
-            evidence = check_timed_output(problem, self.shape, self.distribution, output, data, self.kept)
-            if evidence is not None:
-                return evidence
-        return None
+        """None when the timed output matches the reference of the inputs it read, else the evidence."""
+        return check_timed_output(problem, self.shape, self.distribution, self.output, self.data, self.kept)
 
 
 def _time_shape(
@@ -421,10 +425,12 @@ def _time_shape(
     budget_ns: float,
     seed: int,
     call_timeout_s: float,
-) -> TimedShape:
-    """One shape: input sets, warm-up of each contender alone, interleaved timed rounds, and the candidate's
-    last timed output (to check). A library baseline that fails in its warm-up leaves ``active`` for
-    ``skipped``, with the reason."""
+    check_later: Callable[[TimedOutput], None],
+) -> np.ndarray:
+    """One shape's per-call device nanoseconds by round and active contender: input sets, warm-up of each
+    contender alone, then interleaved timed rounds. The candidate's fetched outputs are handed to
+    ``check_later`` as they come (the last call of a secretly chosen batch, and the shape's last call). A
+    library baseline that fails in its warm-up leaves ``active`` for ``skipped``, with the reason."""
     gpu = child.ready.gpu
     flush = l2_flush_bytes(gpu.l2_bytes)
     in_bytes = sum(array_nbytes(q.dims(shape), q.dtype) for q in problem.params if q.role in ("in", "inout"))
@@ -469,7 +475,7 @@ def _time_shape(
     round_ns = sum(per_call.values()) + len(active) * (flush_ns + QUEUE_GAP_NS)
     batch = rounds_per_batch(round_ns)
     rows: list[list[float]] = []
-    outputs: list[tuple[m.Reply, bytearray]] = []
+    mid_checked = False
     mid_check_ns = _SECRET.uniform(*MID_CHECK_SPAN) * budget_ns
     fetching_ns = 0  # the mid-run fetch's copy is not the rounds' time
     while True:
@@ -485,12 +491,15 @@ def _time_shape(
         spent = time.perf_counter_ns() - started - fetching_ns
         if len(rows) >= MAX_ROUNDS or (len(rows) >= MIN_ROUNDS and spent >= budget_ns):
             break
-        if not outputs and spent >= mid_check_ns:
+        if not mid_checked and spent >= mid_check_ns:
             fetched = time.perf_counter_ns()
-            outputs.append(child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching a timed output"))
+            output, data = child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching a timed output")
+            check_later(TimedOutput(shape, distribution, output, data, sets.kept))
+            mid_checked = True
             fetching_ns += time.perf_counter_ns() - fetched
-    outputs.append(child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching the last timed output"))
-    return TimedShape(np.asarray(rows, dtype=np.float64), shape, distribution, outputs, sets.kept)
+    output, data = child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching the last timed output")
+    check_later(TimedOutput(shape, distribution, output, data, sets.kept))
+    return np.asarray(rows, dtype=np.float64)
 
 
 def _report_without_timing(
