@@ -1,12 +1,13 @@
 """The CUDA backend on this machine's GPU: a short search per CUDA problem, in-process (no Temporal, no database).
 
-    python bench/cuda.py [--json] [--json-out PATH] [--problems softmax,rmsnorm] [--minutes 5] [--candidates 8]
+    python bench/cuda.py [--json] [--json-out PATH] [--problems softmax,rmsnorm] [--minutes 5]
+                         [--per-generation 12] [--landscape]
 
 For every built-in problem with a CUDA kernel (or those named): compile, validate and keep the seed kernel;
-then, until the problem's share of ``--minutes`` is mostly spent, template instances drawn at random (seeded)
-from the problem's CUDA_TEMPLATE_PARAMS, each compiled with NVRTC, validated on the GPU and timed against the
-incumbent; one that is faster with its whole interval above 1 + PROMOTION_MARGIN becomes the incumbent.
-Finally the incumbent is timed against the seed and the library baseline (CuPy) with a longer budget:
+then, until the problem's share of ``--minutes`` is mostly spent, generations of template settings drawn at
+random (seeded) from the problem's CUDA_TEMPLATE_PARAMS, compiled with NVRTC and validated on the GPU side by
+side, then timed together against the incumbent in one interleaved benchmark; the fastest whose whole
+interval is above 1 + PROMOTION_MARGIN becomes the incumbent (:func:`search`). Finally the incumbent is timed against the seed and the library baseline (CuPy) with a longer budget:
 
 - speedup_vs_seed, speedup_vs_library: ratio and interval (library: or why it was skipped), by problem;
 - hbm_fraction: the incumbent's fraction of the HBM roofline (bytes moved / measured bandwidth), by problem;
@@ -16,8 +17,8 @@ With ``--landscape`` it measures each problem's whole template space instead of 
 setting compiled and validated (side by side: validations share the GPU), then the seed timed against every
 correct setting in ONE interleaved benchmark (one input upload, the same rounds for all), so each setting's
 time is a ratio to the seed's measured in the same run. Keys: ``best_in_space_hbm_fraction`` and
-``best_in_space`` (the setting) by problem, and each setting's ``hbm_fraction`` (the seed's fraction divided
-by the seed's speedup over that setting). It says whether the space holds a near-roofline kernel at all.
+``best_in_space`` (the setting) by problem, and each setting's ``hbm_fraction`` (weighed over the shapes as
+the judge weighs the candidate's) and ``hbm_fraction_by_shape``. It says whether the space holds a near-roofline kernel at all.
 
 Every figure is printed with the command that reproduces it. Without a GPU it prints why it skipped (with
 ``--json``: ``{"skipped": "..."}``) and exits 0. Progress goes to stderr; the figures (or the JSON) to stdout.
@@ -82,25 +83,43 @@ def figure(report: Any) -> dict[str, Any]:
 
 
 def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
-    """One problem's short search and final benchmark; the figures and what the search did."""
+    """One problem's short search and final benchmark; the figures and what the search did.
+
+    Generation by generation: ``--per-generation`` settings not tried yet (a seeded random order) are compiled
+    and validated side by side, then the incumbent is timed against every correct one in ONE interleaved
+    benchmark (one upload of the input sets, the same rounds for all: a benchmark costs seconds of set-up on
+    the host, so one per setting left a 30 s search two or three settings). A setting replaces the incumbent
+    when its whole interval clears 1 + PROMOTION_MARGIN; the fastest such one of the generation does."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Lock
+
     from engine.harness.benchmarking import Reference
     from engine.problems import load_problem
 
     started = time.monotonic()
     problem = backend.problem(load_problem(name))
     record: dict[str, Any] = {"problem": name, "tried": 0, "compiled": 0, "correct": 0, "promoted": []}
+    counting = Lock()
+
+    def count(key: str) -> None:
+        with counting:
+            record[key] += 1
 
     def build(source: str, label: str) -> str | None:
-        compiled = backend.compile(problem, source)
-        if str(compiled.verdict) != "ok" or not compiled.artifact_id:
-            say(f"  [{name}] {label}: compile {compiled.verdict}: {compiled.first_error}")
+        try:
+            compiled = backend.compile(problem, source)
+            if str(compiled.verdict) != "ok" or not compiled.artifact_id:
+                say(f"  [{name}] {label}: compile {compiled.verdict}: {compiled.first_error}")
+                return None
+            count("compiled")
+            validated = backend.validate(problem, compiled.artifact_id, seed=args.seed)
+        except Exception as error:  # one setting's harness failure must not end the search
+            say(f"  [{name}] {label}: harness: {type(error).__name__}: {error}")
             return None
-        record["compiled"] += 1
-        validated = backend.validate(problem, compiled.artifact_id, seed=args.seed)
         if str(validated.verdict) != "ok":
             say(f"  [{name}] {label}: validation {validated.verdict}: {validated.message}")
             return None
-        record["correct"] += 1
+        count("correct")
         return str(compiled.artifact_id)
 
     seed_id = build(problem.seed_source(), "seed")
@@ -108,27 +127,44 @@ def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) ->
         record["error"] = "the seed kernel did not compile or validate (see the lines above)"
         return record
     incumbent, incumbent_label = seed_id, "seed"
-    rng = random.Random(args.seed)
-    for params in template_sample(problem, args.candidates, rng):
-        if time.monotonic() - started > SEARCH_SHARE * seconds:
-            break
-        record["tried"] += 1
-        label = setting_label(params)
-        artifact = build(problem.render_template(params), label)
-        if artifact is None:
+    untried = template_sample(problem, args.candidates, random.Random(args.seed))
+    record["generations"] = 0
+    while untried and time.monotonic() - started < SEARCH_SHARE * seconds:
+        generation, untried = untried[: args.per_generation], untried[args.per_generation :]
+        record["generations"] += 1
+        record["tried"] += len(generation)
+        with ThreadPoolExecutor(args.workers) as pool:
+            built = list(
+                pool.map(lambda params: build(problem.render_template(params), setting_label(params)), generation)
+            )
+        correct = [(params, artifact) for params, artifact in zip(generation, built, strict=True) if artifact]
+        if not correct:
             continue
-        (report,) = backend.benchmark(
+        reports = backend.benchmark(
             problem,
-            artifact,
-            [Reference(kind="artifact", artifact_id=incumbent, label="incumbent")],
+            incumbent,
+            [
+                Reference(kind="artifact", artifact_id=artifact, label=setting_label(params))
+                for params, artifact in correct
+            ],
             budget_s=args.budget,
             # One seed for every benchmark of the problem: the judge keeps the (large) input sets it drew.
             seed=args.seed,
         )
-        say(f"  [{name}] {label}: {report.message}")
-        if str(report.verdict) == "ok" and report.ci_low > 1 + PROMOTION_MARGIN:
-            incumbent, incumbent_label = artifact, label
-            record["promoted"].append({"params": params, "ratio": report.speedup, "ci_low": report.ci_low})
+        best: tuple[dict[str, Any], str, float, float] | None = None
+        for (params, artifact), report in zip(correct, reports, strict=True):
+            if str(report.verdict) != "ok":
+                say(f"  [{name}] {setting_label(params)}: not timed ({report.verdict}: {report.message})")
+                continue
+            # The report is the incumbent's speedup over the setting: the setting's over the incumbent is 1 / it.
+            speedup, low, high = 1 / report.speedup, 1 / report.ci_high, 1 / report.ci_low
+            say(f"  [{name}] {setting_label(params)}: {speedup:.3f}x vs incumbent [{low:.3f}, {high:.3f}]")
+            if low > 1 + PROMOTION_MARGIN and (best is None or speedup > best[2]):
+                best = (params, artifact, speedup, low)
+        if best is not None:
+            params, incumbent, speedup, low = best
+            incumbent_label = setting_label(params)
+            record["promoted"].append({"params": params, "ratio": speedup, "ci_low": low})
     references = [Reference(kind="artifact", artifact_id=seed_id, label="seed"), backend.library_reference]
     versus_seed, versus_library = backend.benchmark(
         problem, incumbent, references, budget_s=args.final_budget, seed=args.seed
@@ -260,14 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON document to PATH")
     parser.add_argument("--problems", default="", help="comma-separated CUDA problems (default: every one)")
     parser.add_argument("--minutes", type=float, default=5.0, help="wall time over all problems (default 5)")
-    parser.add_argument("--candidates", type=int, default=8, help="template instances per problem at most")
+    parser.add_argument("--candidates", type=int, default=48, help="template settings per problem at most")
+    parser.add_argument("--per-generation", type=int, default=12, help="settings timed together against the incumbent")
     parser.add_argument("--budget", type=float, default=0.5, help="timing budget per candidate, seconds")
     parser.add_argument("--final-budget", type=float, default=2.0, help="timing budget of the final benchmark")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler and of the inputs")
     parser.add_argument(
         "--landscape", action="store_true", help="measure every allowed template setting instead of searching"
     )
-    parser.add_argument("--workers", type=int, default=8, help="compiles and validations side by side (--landscape)")
+    parser.add_argument("--workers", type=int, default=8, help="compiles and validations side by side")
     args = parser.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
     command = shlex.join([Path(sys.executable).name, "bench/cuda.py", *given])
