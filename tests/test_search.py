@@ -18,7 +18,7 @@ import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 
-from activities.search_client import search_status
+from activities.search_client import list_searches, search_status
 from cli import exit_status
 from engine.evidence.store import EventStore
 from engine.hardware import machine_key
@@ -54,6 +54,20 @@ def assert_complete_record(events: list[Any], result: SearchResult) -> None:
     assert types[0] == "search.started" and types[-1] == "search.finished"
 
 
+async def assert_list_agrees_with_show(client: Client, search_id: str, generation: int | None = None) -> None:
+    """`kf search list` (the Generation search attribute) names the generation `kf search show` (the status query)
+    does for an ended search -- the last one run (``generation`` when given), not the next it would have run."""
+    shown = await search_status(client, search_id)
+    assert generation is None or shown.generation == generation, shown
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:  # Temporal's list (its visibility store) catches up with a closed workflow a moment later
+        row = next((r for r in await list_searches(client, limit=1000) if r["search_id"] == search_id), None)
+        if (row is not None and row["status"] != "running") or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert row is not None and row["generation"] == shown.generation, (row, shown.generation)
+
+
 async def test_two_generation_search_records_everything_and_promotes_only_on_confidence(
     client: Client, store: EventStore, prefix: str
 ) -> None:
@@ -62,6 +76,7 @@ async def test_two_generation_search_records_everything_and_promotes_only_on_con
             client, prefix, {"problem": "softmax", "generations": 2, "candidates_per_generation": 2, **QUICK}
         )
         result = await handle.result()
+        await assert_list_agrees_with_show(client, handle.id, 2)  # the status query needs the worker
     await keep_history(handle, "two_generations")
 
     assert result.status == "completed"
@@ -391,6 +406,7 @@ async def test_pause_resume_hint_and_stop(client: Client, store: EventStore, pre
         await wait_for(client, handle.id, lambda s: s.candidates_done > frozen)
         await handle.execute_update("stop", result_type=SearchStatus)
         result = await handle.result()
+        await assert_list_agrees_with_show(client, handle.id)
     await keep_history(handle, "pause_hint_stop")
 
     assert result.status == "stopped"

@@ -107,6 +107,9 @@ CONFIRM_PATCH = "confirm-shaky-promotions"
 STEER_PATCH = "remeasure-shaky-readings"
 # Histories recorded before a challenger could qualify for the playoff by its head-to-head ratio replay without it.
 PLAYOFF_RATIO_PATCH = "playoff-head-to-head"
+# Histories recorded before the search's Generation attribute was set once more as it ended replay without that
+# last upsert (a command: a new one would not match their history).
+FINAL_GENERATION_PATCH = "final-generation-attribute"
 STATE_KEY = "state"
 
 
@@ -179,6 +182,9 @@ class KernelSearch:
         if state.incumbent is not None and not state.playoff_rounds and workflow.patched(PLAYOFF_PATCH):
             await self._playoff()
         state.status = self._final_status()
+        if workflow.patched(FINAL_GENERATION_PATCH):
+            # Ended, the search shows its last generation run, not the one it was about to run.
+            self._upsert_progress()
         self._show_progress()
         result = self._result()
         await self._record(
@@ -783,7 +789,9 @@ class KernelSearch:
         updates: list[SearchAttributeUpdate[Any]] = [
             PROBLEM_ATTR.value_set(state.spec.problem),
             TARGET_ATTR.value_set(self._target_name()),
-            GENERATION_ATTR.value_set(state.generation),
+            # The generation `kf search show` and the UI's details show (SearchState.current_generation), so that
+            # `kf search list` agrees with them: ``state.generation`` is the next one to run, one ahead.
+            GENERATION_ATTR.value_set(state.current_generation),
         ]
         if state.incumbent is not None:
             updates.append(BEST_SPEEDUP_ATTR.value_set(state.incumbent.speedup))
