@@ -6,14 +6,19 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
+from collections.abc import Coroutine
 from typing import Any
 
+from cli import exit_status
 from engine.config import metrics_port
 from engine.connections import database_url
 from engine.hardware import cpu_target
 
 METRICS_HOST = "127.0.0.1"
 """Where the metrics are served unless --metrics-host says otherwise: this machine only."""
+STOP_SIGNALS = {signal.SIGINT: exit_status.INTERRUPTED, signal.SIGTERM: exit_status.TERMINATED}
+"""The signals that stop a worker, and the status it then exits with (cli/exit_status.py)."""
 
 
 def register(subparsers: Any) -> None:
@@ -23,7 +28,7 @@ def register(subparsers: Any) -> None:
         description="Polls the control task queue, the queues of this machine's targets (e.g. kf-cpu, "
         "kf-cpu-x86_64-avx512 and, with a GPU, kf-cuda-sm90) and the build queue kf-build (CUDA compiles). "
         "One worker serves one GPU: on a machine with several, run one `kf worker --gpu N` per GPU. "
-        "Stop with Ctrl-C.",
+        "Stop with Ctrl-C (exit status 130) or SIGTERM (143).",
     )
     parser.add_argument("--prefix", default="kf", help="task queue prefix (default: kf)")
     parser.add_argument(
@@ -70,8 +75,40 @@ def run(args: argparse.Namespace) -> int:
     # The GPU (or why there is none) is said once, by the worker's choice of targets (activities/worker.py).
     print(f"kf worker: CPU target {cpu_target()}", flush=True)
     port = args.metrics_port if args.metrics_port is not None else metrics_port()
-    asyncio.run(_serve(args, port))
-    return 0
+    return asyncio.run(until_stopped(_serve(args, port)))
+
+
+async def until_stopped(serving: Coroutine[Any, Any, None]) -> int:
+    """Run ``serving`` until it returns (0) or SIGINT or SIGTERM stops it: it is cancelled -- the Temporal workers
+    shut down, cancelling the steps they run, which Temporal retries on another worker -- and the status says
+    which signal (130 or 143).
+
+    Why the handlers are installed here rather than left to Python: a shell without job control (a script, CI,
+    the README's `kf worker &`) starts a background command with SIGINT ignored, and Python (asyncio.run's own
+    Ctrl-C handling included) leaves an ignored SIGINT ignored, so such a worker never stopped on SIGINT. And
+    SIGTERM (kill, systemd, docker stop) had no handler at all: the worker died on the spot, its database pool
+    and workers never closed. A handler set through the event loop replaces an inherited SIG_IGN."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(serving)
+    received: list[signal.Signals] = []
+
+    def stop(signum: signal.Signals) -> None:
+        if not received:
+            logging.getLogger("kf.worker").info("%s: stopping", signum.name)
+        received.append(signum)
+        task.cancel()  # a second signal cancels the shutdown itself: it ends at once
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+    return STOP_SIGNALS[received[0]] if received else exit_status.OK
 
 
 async def _serve(args: argparse.Namespace, port: int | None) -> None:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,3 +333,37 @@ def test_a_port_that_is_not_a_number_is_refused(kf: Kf) -> None:
     result = kf("up")
     assert result.returncode == 2
     assert "KF_TEMPORAL_PORT='72x33' is not a TCP port" in result.stderr
+
+
+def ignore_sigint() -> None:
+    """What a shell without job control (a script, CI) does to a command it starts with `&`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_background_worker_stops_on_a_signal_after_the_services_are_down(
+    kf: Kf, tmp_path: Path, signum: int, status: int
+) -> None:
+    # `kf up; kf worker &; … kf down; kill -INT %1`: the worker inherited an ignored SIGINT, and Temporal and
+    # Postgres are gone, its pollers retrying against nothing. It stops anyway, with the status of its signal.
+    assert kf("up").returncode == 0
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [str(KF), "worker"], env=kf.env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=ignore_sigint
+        )
+    try:
+        for _ in range(240):
+            if "polling" in log.read_text() or worker.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert "polling" in log.read_text(), log.read_text()
+        assert kf("down").returncode == 0
+        worker.send_signal(signum)
+        # A hang guard, not a timing check: before, an ignored SIGINT was never acted on.
+        assert worker.wait(timeout=60) == status, log.read_text()[-3000:]
+        assert f"{signal.Signals(signum).name}: stopping" in log.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
