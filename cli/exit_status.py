@@ -19,7 +19,7 @@ FAILED = 1
 chain, a database not at the migrations' state."""
 BAD_INPUT = 2
 """Bad input: argparse's refusals and every UserError, refused before any server is contacted wherever the value
-alone shows it (that an id names no search only Temporal can say)."""
+alone shows it (that an id names no search only Temporal can say, or for `--resume-from`, the event log)."""
 MACHINE = 3
 """The machine or a service failed, not the input and not the kernel: Postgres or Temporal not running or
 not answering, a machine calibration or a sandbox that failed."""

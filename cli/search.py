@@ -353,6 +353,9 @@ async def _start(spec: SearchSpec, args: argparse.Namespace, started: list[str])
     from activities.search_client import start_search
     from activities.temporal_client import connect
 
+    if spec.resume_from is not None:
+        option = _given_options(args).get("resume_from", "--spec field resume_from")
+        await _check_resume_from(spec.resume_from, option)
     client = await connect()
     handle = await start_search(client, spec, args.id)
     started.append(handle.id)
@@ -366,6 +369,26 @@ async def _start(spec: SearchSpec, args: argparse.Namespace, started: list[str])
         # Progress, like the lines that follow it: on stderr; the result alone goes to stdout.
         print(f"started {handle.id} — UI: {ui_url(handle.id)}", file=sys.stderr, flush=True)
     return await follow(client, handle.id, args.json)
+
+
+async def _check_resume_from(search_id: str, option: str) -> None:
+    """Refuse (UserError, exit 2) a `resume_from` that names no search the event log holds, before the search
+    starts: otherwise it is started, fails at its first step and says so only to whoever follows it. Only
+    Postgres can say (an id alone is well formed), so an unreachable database is the machine's failure (exit 3)."""
+    from engine.evidence.store import EventStore
+    from engine.search.history import was_started
+
+    url = database_url()  # no embedded Postgres running: ServiceUnavailable, exit 3
+    store = await EventStore.connect(url, max_size=1)
+    try:
+        known = await was_started(store, search_id)
+    finally:
+        await store.close()
+    if not known:
+        raise UserError(
+            f"{option} {search_id!r}: the event log holds no search of that id to resume from; "
+            "`kf search list` shows the search ids"
+        )
 
 
 async def follow(client: Client, search_id: str, as_json: bool) -> int:

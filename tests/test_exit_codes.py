@@ -35,7 +35,9 @@ from temporalio.testing import WorkflowEnvironment
 from activities import search_client
 from activities.temporal_client import query_timed_out
 from cli import exit_status
+from engine.evidence.events import NewEvent
 from engine.evidence.store import EventStore
+from engine.search.history import stream_of
 
 pytestmark = pytest.mark.slow
 
@@ -247,6 +249,7 @@ SERVICE_COMMANDS = [
     ["lessons"],
     ["db", "status"],
     ["db", "migrate"],
+    ["search", "start", "softmax", "--resume-from", "search-softmax-0"],  # only Postgres knows the id
 ]
 
 
@@ -260,6 +263,31 @@ async def test_services_that_do_not_answer_exit_3_in_one_line(services_down: dic
             last = done.err.strip().splitlines()[-1]
             assert last.startswith("kf: error: ") and says in last, done.err
             assert done.err.strip().count("kf: error:") == 1, done.err
+
+
+async def test_resume_from_a_search_the_log_does_not_hold_exits_2_before_anything_starts(
+    services_down: dict[str, str], fresh_db_url: str, store: EventStore
+) -> None:
+    # Postgres answers, Temporal does not: a command that went on to start the search would exit 3.
+    env = services_down | {"KF_DATABASE_URL": fresh_db_url}
+    started = NewEvent(event_id="search-earlier/started", type="search.started", payload={"spec": {}})
+    await store.append(stream_of("search-earlier"), [started])
+    unknown, in_spec, known = await kf_many(
+        [
+            ["search", "start", "softmax", "--resume-from", "search-nowhere"],
+            ["search", "start", "softmax", "--spec", '{"resume_from": "search-nowhere"}'],
+            ["search", "start", "softmax", "--resume-from", "search-earlier"],
+        ],
+        env,
+    )
+    for done, option in ((unknown, "--resume-from"), (in_spec, "--spec field resume_from")):
+        assert_status(done, exit_status.BAD_INPUT)
+        assert done.err.strip() == (
+            f"kf: error: {option} 'search-nowhere': the event log holds no search of that id to resume from; "
+            "`kf search list` shows the search ids"
+        ), done.err
+    assert_status(known, exit_status.MACHINE)  # the log holds it: on to Temporal, which does not answer
+    assert "Temporal" in known.err, known.err
 
 
 async def test_a_machine_calibration_that_fails_exits_3_in_one_line(tmp_path: Path) -> None:

@@ -132,6 +132,15 @@ def rebuild(search_id: str, events: list[RecordedEvent]) -> SearchHistory:
     return history
 
 
+async def was_started(store: EventStore, search_id: str) -> bool:
+    """True when the event log holds the search.started event of ``search_id``: a search that `resume_from` can
+    start from (the start step refuses any other, as this says before a search is started)."""
+    found: bool = await store.pool.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM events WHERE stream_id = $1 AND type = 'search.started')", stream_of(search_id)
+    )
+    return found
+
+
 async def load_search_history(store: EventStore, search_id: str) -> SearchHistory:
     """Read a search's stream and rebuild it."""
     return rebuild(search_id, await store.read_stream(stream_of(search_id)))
