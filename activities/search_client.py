@@ -11,7 +11,7 @@ from typing import Any
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -185,3 +185,25 @@ async def list_searches(client: Client, limit: int = 50) -> list[dict[str, Any]]
             }
         )
     return rows
+
+
+async def how_it_ended(client: Client, search_id: str) -> str | None:
+    """How Temporal says the search ``search_id`` ended, for people: its status, and a failed one's reason
+    (``failed: <message>``); ``running`` while it runs; None when Temporal holds no such search."""
+    handle = client.get_workflow_handle(search_id)
+    try:
+        status = (await handle.describe()).status
+    except RPCError as error:
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    if status is None or status == WorkflowExecutionStatus.RUNNING:
+        return "running"
+    how = _CLOSED.get(status, status.name.lower())
+    if status == WorkflowExecutionStatus.FAILED:
+        try:
+            await handle.result(follow_runs=False)
+        except WorkflowFailureError as error:
+            cause = getattr(error.cause, "message", None) or str(error.cause or error)
+            how += f": {' '.join(str(cause).split())}"
+    return how

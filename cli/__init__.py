@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from cli import exit_status
 from cli.parser import KfArgumentParser
+from engine.errors import NoEvents
 
 # Each module registers its subcommands. Listed once here so `kf --help` has a stable order.
 COMMAND_MODULES = [
@@ -132,6 +133,11 @@ def _run(argv: Sequence[str] | None) -> int:
 def _failed(error: Exception) -> int:
     """The status for an error a command raised, said in one line on stderr (cli/exit_status.py); a bug's
     traceback is re-raised."""
+    if isinstance(error, NoEvents):
+        # The event log has nothing of that id; Temporal may know the search (ended before its first step).
+        from cli.no_events import explained
+
+        error = explained(error)
     known = exit_status.classify(error)
     if known is None:
         raise error

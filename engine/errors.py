@@ -6,6 +6,7 @@ KernelFactoryError            anything raised on purpose by this package
 │   │   └── ServiceUnavailable a server (Postgres, Temporal) that does not run or answer where it is expected
 │   ├── ServiceError          an embedded server (kf up) that failed to start or stop; shows its log
 │   ├── UnknownProblemError   a --problem that is neither built in nor a problem folder
+│   ├── NoEvents              a search id the event log holds no event of
 │   └── MigrationError        a missing, edited or failing migration
 ├── InfrastructureError       a server (Postgres, Temporal) stayed unreachable past the outage patience
 ├── EventStoreError           the event log refused an operation
@@ -56,6 +57,16 @@ class ProblemDefinitionError(UserError):
         super().__init__(message)
         self.hung = hung
         """The function did not return within its deadline (KF_PROBLEM_CALL_S): calling it again waits as long."""
+
+
+class NoEvents(UserError):
+    """A search id the event log holds no event of: no such search, or one that ended (or is waiting) before its
+    first step recorded anything -- which only Temporal can tell apart (the CLI asks it: cli/no_events.py)."""
+
+    def __init__(self, search_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"no events for search {search_id!r}; `kf search list` shows the search ids")
+        self.search_id = search_id
+        """The search id asked about."""
 
 
 class MigrationError(UserError):

@@ -28,8 +28,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from search_fixtures import running_worker
-from temporalio.client import Client
+from search_fixtures import running_worker, start
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from activities import search_client
@@ -288,6 +288,33 @@ async def test_resume_from_a_search_the_log_does_not_hold_exits_2_before_anythin
         ), done.err
     assert_status(known, exit_status.MACHINE)  # the log holds it: on to Temporal, which does not answer
     assert "Temporal" in known.err, known.err
+
+
+async def test_a_search_that_ended_before_its_first_event_is_said_to_exist(
+    temporal_env: WorkflowEnvironment, store: EventStore, fresh_db_url: str, prefix: str, tmp_path: Path
+) -> None:
+    # Started from the Web UI with a bad input, the search fails at once: Temporal has it, the log has nothing.
+    env = base_env(tmp_path / "kf") | {
+        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "KF_DATABASE_URL": fresh_db_url,
+    }
+    async with running_worker(temporal_env.client, store, prefix):
+        handle = await start(temporal_env.client, prefix, {"problem": "softmax", "generations": 0})
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    said = (
+        f"kf: error: search {handle.id!r} exists in Temporal but recorded no events: it ended before its first step "
+        "(failed: invalid search input: generations"
+    )
+    for done in await kf_many([[command, handle.id] for command in ("audit", "report", "export")], env):
+        assert_status(done, exit_status.BAD_INPUT)
+        assert done.err.startswith(said), done.err
+    # An id neither holds: the log's answer stands.
+    nowhere = await kf(["audit", "search-nowhere"], env)
+    assert_status(nowhere, exit_status.BAD_INPUT)
+    assert nowhere.err.strip() == (
+        "kf: error: no events for search 'search-nowhere'; `kf search list` shows the search ids"
+    ), nowhere.err
 
 
 async def test_a_machine_calibration_that_fails_exits_3_in_one_line(tmp_path: Path) -> None:

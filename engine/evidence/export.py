@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import BinaryIO, Protocol
 
-from engine.errors import UserError
+from engine.errors import NoEvents
 from engine.evidence.events import StreamHead
 from engine.evidence.export_format import (
     ExportDigest,
@@ -92,13 +92,13 @@ async def export_evidence(
     exported_at: datetime | None = None,
 ) -> ExportEnd:
     """Write the events of ``search_id``'s stream (None: of the whole log) to ``sink``, between a header and an
-    end record, and return the end record. A search with no events is a UserError naming it."""
+    end record, and return the end record. A search with no events is NoEvents (a UserError) naming it."""
     streams = None if search_id is None else [stream_of(search_id)]
     digest = ExportDigest()
     async with store.pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
         summary = await connection.fetchrow(_SUMMARY, streams)
         if search_id is not None and summary["events"] == 0:
-            raise UserError(f"no events for search {search_id!r}; `kf search list` shows the search ids")
+            raise NoEvents(search_id)
         heads = await connection.fetch(_HEADS, streams)
         header = ExportHeader(
             exported_at=exported_at or datetime.now(UTC),

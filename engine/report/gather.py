@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.errors import UserError
+from engine.errors import NoEvents
 from engine.evidence.events import RecordedEvent
 from engine.evidence.store import EventStore
 from engine.harness.stats import RatioEstimate, weighted_geomean
@@ -37,16 +37,17 @@ MAX_DIFF_LINES = 400
 
 
 async def gather_report(database_url: str, search_id: str, *, with_lessons: bool = True) -> SearchReport:
-    """The report of ``search_id`` from the event log at ``database_url``; UserError naming the fix when the
-    log holds no such search. ``with_lessons=False`` skips recomputing the lessons (the slow part on a long
+    """The report of ``search_id`` from the event log at ``database_url``; NoEvents (a UserError) naming the fix
+    when the log holds no such search. ``with_lessons=False`` skips recomputing the lessons (the slow part on a long
     log), as a comparison does."""
     store = await EventStore.connect(database_url, max_size=2)
     try:
         events = await store.read_stream(stream_of(search_id))
         if not events:
-            raise UserError(
+            raise NoEvents(
+                search_id,
                 f"no events for search {search_id!r} in the event log; `kf search list` shows the search ids "
-                "(or point --database-url / KF_DATABASE_URL at the database the search wrote to)"
+                "(or point --database-url / KF_DATABASE_URL at the database the search wrote to)",
             )
         history = rebuild(search_id, events)
         proposed = _proposed_candidates(events)

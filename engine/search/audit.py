@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import UserError
+from engine.errors import NoEvents
 from engine.evidence.store import EventStore
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
 from engine.search.witness import Witness, WitnessFinding, check_witness
@@ -22,7 +22,7 @@ async def audit_search(database_url: str, search_id: str, witness: Witness | Non
     try:
         history = await load_search_history(store, search_id)
         if not history.events and (witness is None or not witness.usable):
-            raise UserError(f"no events for search {search_id!r}; `kf search list` shows the search ids")
+            raise NoEvents(search_id)
         broken = await store.verify(stream_of(search_id))
     finally:
         await store.close()
