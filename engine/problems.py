@@ -239,6 +239,14 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
+def _represents(kind: np.dtype[Any], dtype: str) -> bool:
+    """Whether arrays of numpy dtype ``kind`` hold every value of the declared ``dtype`` as a float: float64
+    does for all of them, float32 for float32 and bfloat16 (whose values are float32's top halves), an integer
+    or float16 array for none."""
+    values = np.dtype(np.float32) if dtype == "bfloat16" else np.dtype(DTYPES[dtype])
+    return kind.kind == "f" and np.can_cast(values, kind, "safe")
+
+
 def cuda_signature(entry: str, params: tuple[Param, ...]) -> str:
     """The CUDA kernel's declaration for ``params``: arrays as device pointers (``const`` for ``in``), sizes as
     ``long long``, scalars by value, in PARAMS order."""
@@ -421,7 +429,8 @@ class Problem:
 
     def _check_outputs(self, function: str, out: Any, shape: dict[str, int], finite: bool) -> dict[str, np.ndarray]:
         """``out``, what ``function`` (reference or baseline) returned: a dict with every output, each an array
-        of the output's shape; with ``finite``, no inf or NaN (no kernel can match one: NaN never passes)."""
+        of the output's shape; with ``finite`` (the reference), no inf or NaN (no kernel can match one: NaN never
+        passes), in a float dtype that holds every value of the output's declared dtype."""
         where = f"{self.folder / 'problem.py'} {function}(inputs, {shape})"
         if not isinstance(out, dict):
             raise ProblemDefinitionError(
@@ -438,6 +447,15 @@ class Problem:
                 raise ProblemDefinitionError(
                     f"{where}: {p.name!r} has shape {array.shape}, but PARAMS declares {p.dims(shape)}; "
                     f"return the whole output"
+                )
+            if finite and not _represents(array.dtype, p.dtype):
+                # Validation rounds the reference to the output's dtype before comparing: a reference in
+                # integers (or in float16 for a float32 output) has already lost what a correct kernel keeps,
+                # so the kernel would be judged against a rounded-off answer (or blamed for its digits).
+                raise ProblemDefinitionError(
+                    f"{where}: {p.name!r} is a{'n' if array.dtype.name[0] in 'aeiou' else ''} {array.dtype} "
+                    f"array; a reference must hold floats that represent every {p.dtype} output (float64, "
+                    "computed as docs/problems.md asks): return np.asarray(..., dtype=np.float64)"
                 )
             if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
                 bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])

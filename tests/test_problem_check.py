@@ -157,6 +157,19 @@ HOSTILE_FOLDERS = {
         "baseline",
         "'y' has shape (2, 1), but PARAMS declares (1, 1)",
     ),
+    # The reference is what every output is compared with, rounded to the output's dtype: in integers it has
+    # lost the fractions a float32 answer keeps (and in float16, digits), and validation would accept the
+    # rounded-off answer.
+    "a reference in int64": (
+        replaced("reference", "return {'y': np.round(_old_reference(*args)['y'] * 1e6).astype(np.int64)}"),
+        "baseline",
+        "'y' is an int64 array; a reference must hold floats that represent every float32 output",
+    ),
+    "a reference in float16": (
+        replaced("reference", "return {'y': _old_reference(*args)['y'].astype(np.float16)}"),
+        "baseline",
+        "'y' is a float16 array; a reference must hold floats that represent every float32 output",
+    ),
     "a roofline that is no number": (
         replaced("roofline", "return {'bytes': 'lots'}"),
         "seed_timing",
