@@ -23,9 +23,10 @@ def register(subparsers: Any) -> None:
         help="run the generic checks on a problem folder",
         description=(
             "Check a problem folder (or a built-in name): the baseline passes its tolerance, float16/bf16 answers "
-            "and a skipped element fail it, the seed and a sample of template settings compile and validate, and "
-            "one seed call takes 0.05-20 ms per benchmark shape. Exit 0 when every check passes, 1 when one "
-            "fails, 2 when PATH is neither a built-in name nor a folder, 3 when the machine failed."
+            "and a skipped element fail it, the roofline counts bytes > 0 on every benchmark shape, the seed and "
+            "a sample of template settings compile and validate, and one seed call takes 0.05-20 ms per benchmark "
+            "shape. Exit 0 when every check passes, 1 when one fails, 2 when PATH is neither a built-in name nor a "
+            "folder, 3 when the machine failed."
         ),
     )
     check.add_argument("path", metavar="PATH", help="the problem folder (or a built-in problem's name)")

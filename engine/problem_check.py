@@ -12,6 +12,8 @@ figure after it meaningless. Each check here is one such property, run on the us
   be caught);
 - ``skipped_element``: the reference of inputs with one element zeroed (a kernel that skips an element of
   its loop) fails the tolerance on at least one validation trial;
+- ``roofline``: ``roofline(shape)`` gives a byte count > 0 and a flop count >= 0 on every benchmark shape of
+  every backend (timing checks a result against that floor; this check runs without timing too);
 - ``seed``: the seed kernel compiles and validates ``ok`` in the sandbox;
 - ``template``: a seeded sample of allowed template settings (plus the first and last of the space) each
   compiles and validates ``ok``;
@@ -42,7 +44,7 @@ MAX_CALL_NS = 20_000_000.0
 """Longest seed call on a benchmark shape that leaves a search's budget enough rounds (20 ms)."""
 TEMPLATE_SAMPLE = 4
 """Random allowed template settings compiled and validated, besides the first and the last."""
-PURE_CHECKS = 4
+PURE_CHECKS = 5
 """The first checks, which run only the problem's own Python (an exception there is the problem's fault)."""
 
 
@@ -186,6 +188,24 @@ def check_skipped_element(problem: Problem) -> CheckResult:
             "no validation trial catches a kernel that skips the last element of an input: add validation "
             "shapes where every element matters (odd sizes, one row) or tighten the tolerance"
         ),
+    )
+
+
+def benchmark_shapes(problem: Problem) -> list[dict[str, int]]:
+    """Every shape the judge times on: BENCHMARK_SHAPES, and CUDA_BENCHMARK_SHAPES where the folder declares a
+    CUDA kernel, each once."""
+    shapes: list[dict[str, int]] = []
+    for backend in problem.backends:
+        shapes += [s for s, _ in problem.for_backend(backend).benchmark_shapes if s not in shapes]
+    return shapes
+
+
+def check_roofline(problem: Problem) -> CheckResult:
+    shapes = benchmark_shapes(problem)
+    for shape in shapes:
+        problem.roofline(shape)  # refuses a count that is no bound, naming the shape and the fix
+    return CheckResult(
+        name="roofline", status="ok", message=f"bytes > 0 and flops >= 0 on all {len(shapes)} benchmark shapes"
     )
 
 
@@ -346,6 +366,7 @@ def check_problem(
         ("half_precision", lambda: check_low_precision(problem, "float16")),
         ("bf16", lambda: check_low_precision(problem, "bfloat16")),
         ("skipped_element", lambda: check_skipped_element(problem)),
+        ("roofline", lambda: check_roofline(problem)),
     ]
     # The seed and template checks of each backend the folder declares a kernel for; the seed's timing is the
     # CPU kernel's (a GPU's is bench/cuda.py's).

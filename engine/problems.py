@@ -528,7 +528,11 @@ class Problem:
         return np.asarray(array)
 
     def roofline(self, shape: dict[str, int]) -> dict[str, int]:
-        """``{"bytes": int, "flops": int}`` (problem.py's ``roofline``), each a number >= 0 (0 where absent)."""
+        """``{"bytes": int, "flops": int}`` (problem.py's ``roofline``): bytes > 0, flops >= 0 (0 where absent).
+
+        Every kernel reads its inputs and writes its outputs, so a count of no bytes (or fewer, or NaN) is no
+        model: the bound it gives, bytes / bandwidth, would be 0 ns or less, and no timing would be impossible.
+        A copy does no arithmetic, so flops may be 0."""
         model = self._call("roofline", shape)
         where = f"{self.folder / 'problem.py'} roofline({shape})"
         if not isinstance(model, dict):
@@ -536,12 +540,18 @@ class Problem:
                 f"{where} returned {type(model).__name__}; it must return {{'bytes': int, 'flops': int}}"
             )
         checked: dict[str, int] = {}
-        for key in ("bytes", "flops"):
+        for key, least in (("bytes", "> 0"), ("flops", ">= 0")):
             value = model.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-                raise ProblemDefinitionError(f"{where}: {key!r} is {value!r}; it must be a number >= 0")
-            if not (math.isfinite(float(value)) and value >= 0):
-                raise ProblemDefinitionError(f"{where}: {key!r} is {value!r}; it must be a finite number >= 0")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float | np.integer | np.floating)
+                or not math.isfinite(float(value))
+                or not (value > 0 if key == "bytes" else value >= 0)
+            ):
+                raise ProblemDefinitionError(
+                    f"{where}: {key!r} is {value!r}; it must be a finite number {least} (the bytes any kernel "
+                    "moves: each input read once, each output written once; the flops it must do)"
+                )
             checked[key] = int(value)
         return checked
 

@@ -42,6 +42,7 @@ def test_a_copy_of_a_builtin_problem_passes_every_check(tmp_path: Path, capsys: 
         "half_precision": "ok",
         "bf16": "ok",
         "skipped_element": "ok",
+        "roofline": "ok",
         "seed": "ok",
         "template": "ok",
         "cuda_seed": "ok",
@@ -172,8 +173,30 @@ HOSTILE_FOLDERS = {
     ),
     "a roofline that is no number": (
         replaced("roofline", "return {'bytes': 'lots'}"),
-        "seed_timing",
-        "'bytes' is 'lots'; it must be a number >= 0",
+        "roofline",
+        "'bytes' is 'lots'; it must be a finite number > 0",
+    ),
+    # The roofline is the physical floor a timing is checked against: bytes <= 0 or NaN make every timing
+    # possible. Refused with or without timing (these run the checks with timing off).
+    "a negative roofline": (
+        replaced("roofline", "return {'bytes': -4096, 'flops': 0}"),
+        "roofline",
+        "roofline({'rows': 512, 'cols': 4096}): 'bytes' is -4096; it must be a finite number > 0",
+    ),
+    "a roofline of no bytes": (
+        replaced("roofline", "return {'bytes': 0, 'flops': 10}"),
+        "roofline",
+        "'bytes' is 0; it must be a finite number > 0",
+    ),
+    "a roofline of NaN bytes": (
+        replaced("roofline", "return {'bytes': float('nan'), 'flops': 10}"),
+        "roofline",
+        "'bytes' is nan; it must be a finite number > 0",
+    ),
+    "a roofline of negative flops": (
+        replaced("roofline", "return {'bytes': 4096, 'flops': -1}"),
+        "roofline",
+        "'flops' is -1; it must be a finite number >= 0",
     ),
     "a reference that never returns": (
         replaced("reference", "import time; time.sleep(60)"),
@@ -269,7 +292,7 @@ HOSTILE_FOLDERS = {
     ),
     "a roofline that crashes the interpreter": (
         replaced("roofline", "import ctypes; ctypes.string_at(0)"),
-        "seed_timing",
+        "roofline",
         "ended the process that ran it: killed by SIGSEGV",
     ),
 }
@@ -294,7 +317,7 @@ def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(
         assert after == ["skipped"] * len(after), result
     # A folder that loads but whose reference or roofline is bad is refused by the harness too: bad input (exit
     # status 2), never a verdict on the kernel. (`kf evaluate` of a source never asks template_allows.)
-    if check in ("baseline", "seed_timing"):
+    if check in ("baseline", "roofline", "seed_timing"):
         source = str(load_problem("l2norm").folder / "seed.c")
         assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
 
