@@ -12,6 +12,10 @@ figure after it meaningless. Each check here is one such property, run on the us
   be caught);
 - ``skipped_element``: the reference of inputs with one element zeroed (a kernel that skips an element of
   its loop) fails the tolerance on at least one validation trial;
+- ``benchmark_tolerance``: on every benchmark shape of every backend, where the timed outputs are compared,
+  the reference rounded coarser than its output's dtype (to bfloat16 for float32 and float64 outputs, to 3
+  mantissa bits, float8 e4m3's, for bfloat16 ones) fails the tolerance: a ``tolerance_for`` tight on the
+  validation shapes cannot be loose where a kernel is timed;
 - ``roofline``: ``roofline(shape)`` gives a byte count > 0 and a flop count >= 0 on every benchmark shape of
   every backend (timing checks a result against that floor; this check runs without timing too);
 - ``seed``: the seed kernel compiles and validates ``ok`` in the sandbox;
@@ -44,7 +48,7 @@ MAX_CALL_NS = 20_000_000.0
 """Longest seed call on a benchmark shape that leaves a search's budget enough rounds (20 ms)."""
 TEMPLATE_SAMPLE = 4
 """Random allowed template settings compiled and validated, besides the first and the last."""
-PURE_CHECKS = 5
+PURE_CHECKS = 6
 """The first checks, which run only the problem's own Python (an exception there is the problem's fault)."""
 
 
@@ -69,11 +73,19 @@ class ProblemCheck(BaseModel):
 
 
 def _worst_ratio(
-    problem: Problem, got: dict[str, np.ndarray], ref: dict[str, np.ndarray], shape: dict[str, int], inputs: Any
+    problem: Problem,
+    got: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+    shape: dict[str, int],
+    inputs: Any,
+    only: str | None = None,
 ) -> float:
-    """max |got − ref| / (atol + rtol·|ref|) over every output (≤ 1 passes; NaN counts as failing)."""
+    """max |got − ref| / (atol + rtol·|ref|) over every output, or the output ``only`` (≤ 1 passes; NaN counts
+    as failing)."""
     worst = 0.0
     for param in problem.outputs:
+        if only is not None and param.name != only:
+            continue
         atol, rtol = problem.tolerance(param.dtype, shape, inputs)
         value = problem.decode_output(param.name, np.asarray(got[param.name]))
         expected = np.asarray(ref[param.name], dtype=np.float64)
@@ -198,6 +210,54 @@ def benchmark_shapes(problem: Problem) -> list[dict[str, int]]:
     for backend in problem.backends:
         shapes += [s for s, _ in problem.for_backend(backend).benchmark_shapes if s not in shapes]
     return shapes
+
+
+COARSER_BITS = {"float32": 7, "float64": 7, "bfloat16": 3}
+"""Mantissa bits an answer keeps in the benchmark_tolerance check, per output dtype: bfloat16's for a float32 or
+float64 output, float8 e4m3's for a bfloat16 one (which is allowed a bfloat16 step of its own)."""
+
+
+def _with_mantissa(values: np.ndarray, bits: int) -> np.ndarray:
+    """Finite ``values`` as float32 rounded to ``bits`` mantissa bits (to nearest, ties to even)."""
+    raw = np.asarray(values, dtype=np.float32).view(np.uint32)
+    drop = np.uint32(23 - bits)
+    # As float32_to_bf16 rounds: add half a step less one plus the lowest kept bit, then clear the dropped bits.
+    half = (np.uint32(1) << (drop - np.uint32(1))) - np.uint32(1)
+    kept = ((raw + half + ((raw >> drop) & np.uint32(1))) >> drop) << drop
+    return np.asarray(kept.astype(np.uint32).view(np.float32))
+
+
+def check_benchmark_tolerance(problem: Problem) -> CheckResult:
+    outputs = [p for p in problem.outputs if p.dtype in COARSER_BITS]
+    if not outputs:
+        return CheckResult(name="benchmark_tolerance", status="skipped", message="no floating-point output")
+    # The distribution the timed calls draw (engine/harness/benchmarking.py).
+    distribution = "normal" if "normal" in problem.distributions else problem.distributions[0]
+    shapes = benchmark_shapes(problem)
+    for shape in shapes:
+        inputs = problem.make_inputs(shape, distribution, 0)
+        reference = problem.reference(inputs, shape)
+        for param in outputs:
+            coarse = _with_mantissa(reference[param.name], COARSER_BITS[param.dtype])
+            answer = float32_to_bf16(coarse) if param.dtype == "bfloat16" else coarse  # bf16 is stored as bits
+            if _worst_ratio(problem, {param.name: answer}, reference, shape, inputs, only=param.name) <= 1.0:
+                atol, rtol = problem.tolerance(param.dtype, shape, inputs)
+                kept = "bfloat16" if COARSER_BITS[param.dtype] == 7 else "3 mantissa bits (float8 e4m3)"
+                return CheckResult(
+                    name="benchmark_tolerance",
+                    status="failed",
+                    message=(
+                        f"{problem.folder / 'problem.py'}: on the benchmark shape {shape}, the tolerance of "
+                        f"{param.name} (atol {atol:g}, rtol {rtol:g}) lets an answer rounded to {kept} through, "
+                        "so the timed outputs' check accepts a wrong kernel: tolerance_for (or TOLERANCES) must "
+                        "grow with a shape only as its rounding error does"
+                    ),
+                )
+    return CheckResult(
+        name="benchmark_tolerance",
+        status="ok",
+        message=f"coarser answers fail on all {len(shapes)} benchmark shapes",
+    )
 
 
 def check_roofline(problem: Problem) -> CheckResult:
@@ -366,6 +426,7 @@ def check_problem(
         ("half_precision", lambda: check_low_precision(problem, "float16")),
         ("bf16", lambda: check_low_precision(problem, "bfloat16")),
         ("skipped_element", lambda: check_skipped_element(problem)),
+        ("benchmark_tolerance", lambda: check_benchmark_tolerance(problem)),
         ("roofline", lambda: check_roofline(problem)),
     ]
     # The seed and template checks of each backend the folder declares a kernel for; the seed's timing is the

@@ -77,6 +77,11 @@ REQUIRED = (
 REQUIRED_FOR = {"cpu": ("ENTRY", "SIGNATURE"), "cuda": ("CUDA_ENTRY", "cuda_baseline")}
 _DECLARES = {"cpu": "ENTRY", "cuda": "CUDA_ENTRY"}
 
+MAX_RTOL = 0.1
+"""The largest relative tolerance any call of Problem.tolerance accepts. At rtol >= 1 an answer of zeros passes
+everywhere; the loosest built-in is 8e-3 (bfloat16 outputs, one step of 2^-7). How loose a tolerance may be
+for the values a problem has is kf problem check's question (engine/problem_check.py), at every shape."""
+
 MAX_TEMPLATE_SETTINGS = 250_000
 """The most settings (the product of a template's value counts) a problem may declare: proposers enumerate the
 whole space and ask template_allows about each, so a product of billions would fill the memory of the worker or
@@ -364,9 +369,15 @@ class Problem:
                 f"{self.folder / 'problem.py'}: the tolerance for {dtype} is {tol!r}; "
                 "give {'atol': ..., 'rtol': ...}, two numbers >= 0"
             ) from None
-        if not (atol >= 0 and rtol >= 0):  # NaN fails too
+        where = f"{self.folder / 'problem.py'}: the tolerance for {dtype}" + (f" at {shape}" if shape else "")
+        if not (0 <= atol < math.inf and 0 <= rtol < math.inf):  # NaN fails too
+            raise ProblemDefinitionError(f"{where} is {tol!r}; atol and rtol must be finite numbers >= 0")
+        if rtol > MAX_RTOL:
+            # Checked on every call, so at every shape the judge compares on (the timed outputs' benchmark
+            # shapes too), not only where kf problem check looked.
             raise ProblemDefinitionError(
-                f"{self.folder / 'problem.py'}: the tolerance for {dtype} is {tol!r}; atol and rtol must be >= 0"
+                f"{where} is {tol!r}; rtol must be at most {MAX_RTOL:g}: a tolerance of more than {MAX_RTOL:.0%} "
+                "of every value checks nothing (bfloat16 outputs need 2^-7); fix TOLERANCES or tolerance_for()"
             )
         return atol, rtol
 

@@ -42,6 +42,7 @@ def test_a_copy_of_a_builtin_problem_passes_every_check(tmp_path: Path, capsys: 
         "half_precision": "ok",
         "bf16": "ok",
         "skipped_element": "ok",
+        "benchmark_tolerance": "ok",
         "roofline": "ok",
         "seed": "ok",
         "template": "ok",
@@ -78,10 +79,12 @@ def test_a_loose_tolerance_lets_low_precision_through(tmp_path: Path, capsys: py
     folder = folder_like(
         "softmax",
         tmp_path,
-        problem_py=('"float32": {"atol": 1e-6, "rtol": 1e-4}', '"float32": {"atol": 0.5, "rtol": 0.5}'),
+        # Within the bound every call of Problem.tolerance enforces (rtol <= 0.1), and still far too loose.
+        problem_py=('"float32": {"atol": 1e-6, "rtol": 1e-4}', '"float32": {"atol": 0.5, "rtol": 0.05}'),
     )
     found = statuses(folder)
     assert found["half_precision"] == found["bf16"] == found["skipped_element"] == "failed"
+    assert found["benchmark_tolerance"] == "failed"
     assert found["baseline"] == found["seed"] == "ok"
     assert kf(["problem", "check", str(folder), "--no-timing"]) == 1
     out = capsys.readouterr().out
@@ -170,6 +173,33 @@ HOSTILE_FOLDERS = {
         replaced("reference", "return {'y': _old_reference(*args)['y'].astype(np.float16)}"),
         "baseline",
         "'y' is a float16 array; a reference must hold floats that represent every float32 output",
+    ),
+    # A tolerance_for as tight as it should be on the validation shapes, where the checks above compare, but that
+    # lets anything through on the benchmark shapes, where the timed outputs are compared.
+    "a tolerance loose only where timed": (
+        {
+            "problem_py": (
+                "def reference(",
+                "def tolerance_for(dtype: str, shape: dict[str, int], inputs: dict[str, Any]) -> dict[str, float]:\n"
+                "    timed = shape['rows'] * shape['cols'] >= 2**19\n"
+                "    return {'atol': 10.0 if timed else 1e-7, 'rtol': 1e-5}\n\n\ndef reference(",
+            )
+        },
+        "benchmark_tolerance",
+        "on the benchmark shape {'rows': 512, 'cols': 4096}, the tolerance of y (atol 10, rtol 1e-05) lets an "
+        "answer rounded to bfloat16 through",
+    ),
+    "a relative tolerance of a billion where timed": (
+        {
+            "problem_py": (
+                "def reference(",
+                "def tolerance_for(dtype: str, shape: dict[str, int], inputs: dict[str, Any]) -> dict[str, float]:\n"
+                "    timed = shape['rows'] * shape['cols'] >= 2**19\n"
+                "    return {'atol': 1e-7, 'rtol': 1e9 if timed else 1e-5}\n\n\ndef reference(",
+            )
+        },
+        "benchmark_tolerance",
+        "rtol must be at most 0.1",
     ),
     "a roofline that is no number": (
         replaced("roofline", "return {'bytes': 'lots'}"),
@@ -320,6 +350,15 @@ def test_a_hostile_problem_folder_fails_the_check_that_meets_it_with_the_fix(
     if check in ("baseline", "roofline", "seed_timing"):
         source = str(load_problem("l2norm").folder / "seed.c")
         assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
+
+
+def test_a_tolerance_past_the_bound_on_a_timed_shape_is_bad_input_to_kf_evaluate(tmp_path: Path) -> None:
+    # Validation passes (its shapes get a sane tolerance); the timed outputs' check asks for the tolerance of a
+    # benchmark shape and meets the bound: the problem's error, exit status 2, never a kernel accepted.
+    edits, _, _ = HOSTILE_FOLDERS["a relative tolerance of a billion where timed"]
+    folder = folder_like("l2norm", tmp_path, **edits)
+    source = str(load_problem("l2norm").folder / "seed.c")
+    assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
 
 
 @pytest.mark.parametrize(
