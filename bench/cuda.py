@@ -7,7 +7,8 @@ For every built-in problem with a CUDA kernel (or those named): compile, validat
 then, until the problem's share of ``--minutes`` is mostly spent, generations of template settings drawn at
 random (seeded) from the problem's CUDA_TEMPLATE_PARAMS, compiled with NVRTC and validated on the GPU side by
 side, then timed together against the incumbent in one interleaved benchmark; the fastest whose whole
-interval is above 1 + PROMOTION_MARGIN becomes the incumbent (:func:`search`). Finally the incumbent is timed against the seed and the library baseline (CuPy) with a longer budget:
+interval is above 1 + PROMOTION_MARGIN becomes the incumbent (:func:`search`). Finally the incumbent is
+timed against the seed and the library baseline (CuPy) with a longer budget:
 
 - speedup_vs_seed, speedup_vs_library: ratio and interval (library: or why it was skipped), by problem;
 - hbm_fraction: the incumbent's fraction of the HBM roofline (bytes moved / measured bandwidth), by problem;
@@ -18,7 +19,8 @@ setting compiled and validated (side by side: validations share the GPU), then t
 correct setting in ONE interleaved benchmark (one input upload, the same rounds for all), so each setting's
 time is a ratio to the seed's measured in the same run. Keys: ``best_in_space_hbm_fraction`` and
 ``best_in_space`` (the setting) by problem, and each setting's ``hbm_fraction`` (weighed over the shapes as
-the judge weighs the candidate's) and ``hbm_fraction_by_shape``. It says whether the space holds a near-roofline kernel at all.
+the judge weighs the candidate's) and ``hbm_fraction_by_shape``. It says whether the space holds a
+near-roofline kernel at all.
 
 Every figure is printed with the command that reproduces it. Without a GPU it prints why it skipped (with
 ``--json``: ``{"skipped": "..."}``) and exits 0. Progress goes to stderr; the figures (or the JSON) to stdout.
