@@ -15,9 +15,17 @@ from engine.problems import load_problem
 
 
 def folder_like(name: str, tmp_path: Path, **edits: tuple[str, str]) -> Path:
-    """A copy of the built-in problem ``name`` with each file's text replacements applied."""
+    """A copy of the built-in problem ``name`` with each file's text replacements applied. Its GPU benchmark
+    shapes (if any) are made 256 times smaller: the checks draw and reference every benchmark shape on the CPU,
+    and the GPU's 256 MiB shapes took a minute per check."""
+    problem = load_problem(name)
     folder = tmp_path / f"my_{name}"
-    shutil.copytree(load_problem(name).folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(problem.folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shapes = problem.for_backend("cuda").benchmark_shapes if "cuda" in problem.backends else []
+    if shapes and all("rows" in shape for shape, _ in shapes):
+        smaller = [({**shape, "rows": max(1, shape["rows"] // 256)}, weight) for shape, weight in shapes]
+        with (folder / "problem.py").open("a") as file:
+            file.write(f"\nCUDA_BENCHMARK_SHAPES = {smaller!r}\n")
     for file, (old, new) in edits.items():
         path = folder / file.replace("_", ".", 1)  # problem_py -> problem.py
         text = path.read_text()
