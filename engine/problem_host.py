@@ -95,9 +95,16 @@ class Raised:
     """In a mapped call (ProblemHost.map), the index of the arguments it raised on."""
     refused: bool = False
     """The call returned, but its result holds an object of a class the judge does not unpickle."""
+    changed: bool = False
+    """The call returned, but changed the input arrays named in ``shown`` in place."""
 
     def words(self, function: str) -> str:
         """What happened, with the fix, after the call's description: "raised ...; fix ...", or "returned ..."."""
+        if self.changed:
+            return (
+                f"changed its input {self.shown} in place; {function}() must leave its inputs as it got them "
+                "(compute into new arrays, or copy first): the judge gives the same inputs to kernels and references"
+            )
         if self.refused:
             return (
                 f"returned an object of class {self.shown}, which the judge does not accept (unpickling it could run "
@@ -371,6 +378,13 @@ def _parsed(reply: Any) -> Any:
         return Raised(reply[1], bool(reply[2]), reply[3] if len(reply) == 4 and isinstance(reply[3], int) else None)
     if (kind == "ok" and len(reply) in (2, 3)) or (kind == "ready" and len(reply) == 2):
         return reply
+    if (
+        kind == "changed"
+        and len(reply) == 2
+        and isinstance(reply[1], list)
+        and all(isinstance(n, str) for n in reply[1])
+    ):
+        return Raised(", ".join(repr(n[:80]) for n in reply[1][:8]), False, changed=True)
     return Raised(f"an unreadable reply ({str(kind)[:40]!r})", False)
 
 
@@ -475,10 +489,18 @@ def serve() -> None:
             _reply(connection, number, _mapped(module, request[1], request[2]))
             continue
         _, function, args = request
+        # The functions given the inputs must leave them as they got them: here they hold copies, so only this
+        # side can see a change (a baseline that scales x in place corrupts every later call's inputs).
+        given = args[0] if function in INPUT_FUNCTIONS and args and isinstance(args[0], dict) else {}
+        before = {name: array.copy() for name, array in given.items() if isinstance(array, np.ndarray)}
         try:
             value = getattr(module, function)(*args)
         except BaseException as error:  # reported, not acted on: the judge words it
             _reply(connection, number, ("raised", repr(error), isinstance(error, MemoryError)))
+            continue
+        changed = [name for name, array in before.items() if not same_bits(array, given.get(name))]
+        if changed:
+            _reply(connection, number, ("changed", changed))
             continue
         states = {i: a.bit_generator.state for i, a in enumerate(args) if isinstance(a, np.random.Generator)}
         _reply(connection, number, ("ok", value, states))
@@ -532,6 +554,19 @@ def _end_with_the_judge(judge: int) -> None:
     while os.getppid() == judge:
         time.sleep(JUDGE_WATCH_S)
     os._exit(1)
+
+
+INPUT_FUNCTIONS = ("reference", "baseline")
+"""problem.py's functions that take the inputs first, and must not change them."""
+
+
+def same_bits(before: np.ndarray, after: Any) -> bool:
+    """Whether ``after`` is still an array of ``before``'s dtype and shape holding the same bits (NaN included)."""
+    if not isinstance(after, np.ndarray) or after.dtype != before.dtype or after.shape != before.shape:
+        return False
+    return bool(
+        np.array_equal(before.reshape(-1).view(np.uint8), np.ascontiguousarray(after).reshape(-1).view(np.uint8))
+    )
 
 
 def _mapped(module: Any, function: str, calls: list[tuple[Any, ...]]) -> tuple[Any, ...]:

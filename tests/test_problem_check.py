@@ -159,6 +159,18 @@ HOSTILE_FOLDERS = {
         "loads",
         "needs 15625.0 GiB for its arrays alone",
     ),
+    # The judge hands the same inputs to the kernel, the reference and the baseline (and the baseline's timed calls
+    # reuse theirs): a function that changes them in place corrupts every later use, with its own answer right.
+    "a baseline that changes its input in place": (
+        replaced("baseline", "out = _old_baseline(*args); args[0]['x'][0, 0] += 1.0; return out"),
+        "baseline",
+        "changed its input 'x' in place",
+    ),
+    "a reference that changes its input in place": (
+        replaced("reference", "out = _old_reference(*args); args[0]['x'][...] = 0.0; return out"),
+        "baseline",
+        "changed its input 'x' in place",
+    ),
     "NaN reference": (
         replaced("reference", "return {'y': np.full((args[1]['rows'], args[1]['cols']), np.nan)}"),
         "baseline",

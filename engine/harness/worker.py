@@ -434,12 +434,23 @@ class _Bench:
         self.wrote[q] = (i, bump if self.bumped else -1, position)
         if self.numpy:
             assert self.baseline is not None
+            # A slot's first use checks that the baseline leaves its inputs as it got them: one that changes
+            # them in place would be timed on inputs that drift away from the ones drawn, call after call.
+            before = (
+                None if self.uses[i] > 1 else {k: a.copy() for k, a in slot.items() if isinstance(a, self.np.ndarray)}
+            )
             try:
                 self.baseline(slot, self.shape)
             except MemoryError:
                 raise  # the address-space limit: the serve loop says so
             except Exception as error:
                 raise ProblemCodeFailed(f"baseline(inputs, {self.shape}) raised {error!r}") from None
+            changed = [name for name, array in (before or {}).items() if not self._same_bits(array, slot.get(name))]
+            if changed:
+                raise ProblemCodeFailed(
+                    f"baseline(inputs, {self.shape}) changed its input {', '.join(map(repr, changed))} in place; it "
+                    "must leave its inputs as it got them (compute into new arrays, or copy first)"
+                )
             return
         for name in self.inouts:
             self.np.copyto(out[name], slot[name])  # an inout (state) starts from its pristine value
@@ -449,6 +460,15 @@ class _Bench:
                 (out[q.name] if q.role != "in" else slot[q.name]).ctypes.data if q.is_array else scalars[q.name]
                 for q in self.params
             ]
+        )
+
+    def _same_bits(self, before: Any, after: Any) -> bool:
+        """Whether ``after`` is still an array of ``before``'s dtype and shape holding the same bits (NaN too)."""
+        np = self.np
+        if not isinstance(after, np.ndarray) or after.dtype != before.dtype or after.shape != before.shape:
+            return False
+        return bool(
+            np.array_equal(before.reshape(-1).view(np.uint8), np.ascontiguousarray(after).reshape(-1).view(np.uint8))
         )
 
     def batch(self, go: p.Go) -> p.Done:
