@@ -84,6 +84,21 @@ def figure(report: Any) -> dict[str, Any]:
     }
 
 
+def compiled_and_validated(backend: Any, problem: Any, source: str, seed: int) -> tuple[str | None, str, bool]:
+    """``source`` compiled and validated on the GPU: its artifact id (None unless both are ok), "ok" or what
+    failed, and whether it compiled. A harness failure is said, not raised: one setting's must not end a run."""
+    try:
+        compiled = backend.compile(problem, source)
+        if str(compiled.verdict) != "ok" or not compiled.artifact_id:
+            return None, f"compile {compiled.verdict}: {compiled.first_error}", False
+        validated = backend.validate(problem, compiled.artifact_id, seed=seed)
+    except Exception as error:
+        return None, f"harness: {type(error).__name__}: {error}", False
+    if str(validated.verdict) != "ok":
+        return None, f"validation {validated.verdict}: {validated.message}", True
+    return str(compiled.artifact_id), "ok", True
+
+
 def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     """One problem's short search and final benchmark; the figures and what the search did.
 
@@ -108,21 +123,14 @@ def search(backend: Any, name: str, seconds: float, args: argparse.Namespace) ->
             record[key] += 1
 
     def build(source: str, label: str) -> str | None:
-        try:
-            compiled = backend.compile(problem, source)
-            if str(compiled.verdict) != "ok" or not compiled.artifact_id:
-                say(f"  [{name}] {label}: compile {compiled.verdict}: {compiled.first_error}")
-                return None
+        artifact, why, compiled = compiled_and_validated(backend, problem, source, args.seed)
+        if compiled:
             count("compiled")
-            validated = backend.validate(problem, compiled.artifact_id, seed=args.seed)
-        except Exception as error:  # one setting's harness failure must not end the search
-            say(f"  [{name}] {label}: harness: {type(error).__name__}: {error}")
-            return None
-        if str(validated.verdict) != "ok":
-            say(f"  [{name}] {label}: validation {validated.verdict}: {validated.message}")
+        if artifact is None:
+            say(f"  [{name}] {label}: {why}")
             return None
         count("correct")
-        return str(compiled.artifact_id)
+        return artifact
 
     seed_id = build(problem.seed_source(), "seed")
     if seed_id is None:
@@ -199,19 +207,8 @@ def landscape(backend: Any, name: str, args: argparse.Namespace) -> dict[str, An
     settings = allowed_settings(problem)
 
     def build(source: str) -> tuple[str | None, str]:
-        try:
-            return built_and_validated(source)
-        except Exception as error:  # one setting's harness failure must not lose the others
-            return None, f"harness: {type(error).__name__}: {error}"
-
-    def built_and_validated(source: str) -> tuple[str | None, str]:
-        compiled = backend.compile(problem, source)
-        if str(compiled.verdict) != "ok" or not compiled.artifact_id:
-            return None, f"compile {compiled.verdict}: {compiled.first_error}"
-        validated = backend.validate(problem, compiled.artifact_id, seed=args.seed)
-        if str(validated.verdict) != "ok":
-            return None, f"validation {validated.verdict}: {validated.message}"
-        return str(compiled.artifact_id), "ok"
+        artifact, why, _ = compiled_and_validated(backend, problem, source, args.seed)
+        return artifact, why
 
     seed_id, why = build(problem.seed_source())
     if seed_id is None:

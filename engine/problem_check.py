@@ -291,8 +291,10 @@ CUDA_CHECK_TARGET = "cuda-sm90"
 """What a CUDA kernel is compiled for on a machine without a GPU (NVRTC needs none)."""
 
 
+@functools.cache
 def _cuda_target() -> tuple[str, str | None]:
-    """The CUDA target the checks use, and why kernels are not run (None: a GPU is here and they are)."""
+    """The CUDA target the checks use, and why kernels are not run (None: a GPU is here and they are). Asked
+    once per process: every seed and template setting of a CUDA view asks, twice."""
     from engine.targets import scan_gpus
 
     scan = scan_gpus()
