@@ -463,7 +463,10 @@ class _Bench:
         )
 
     def _same_bits(self, before: Any, after: Any) -> bool:
-        """Whether ``after`` is still an array of ``before``'s dtype and shape holding the same bits (NaN too)."""
+        """Whether ``after`` is still an array of ``before``'s dtype and shape holding the same bits (NaN too).
+
+        engine.problem_host.same_bits says the same for a folder's host; it is not imported here because this
+        worker imports nothing of the engine but the protocol (numpy arrives late, through self.np)."""
         np = self.np
         if not isinstance(after, np.ndarray) or after.dtype != before.dtype or after.shape != before.shape:
             return False
