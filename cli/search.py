@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
+from cli import exit_status
 from cli.options import integer, number, search_id, string
 from engine.config import outage_patience_s, temporal_namespace
 from engine.connections import database_url
@@ -133,7 +134,8 @@ def register(subparsers: Any) -> None:
         description="Every candidate and step of a search from the event log, with the Temporal ids that wrote "
         "them, the hash chain verified, and the stream checked against the heads its Temporal history recorded "
         "(the witness outside the database). With --all: every stream's chain and the log's positions, against "
-        "the highest position ever committed. Exits 1 if anything was changed or removed.",
+        "the highest position ever committed. Exits 1 if anything was changed or removed; with --require-witness, "
+        "3 if the witness could not be read (Temporal down), where it would otherwise say so and exit 0.",
     )
     audit.add_argument("search_id", type=search_id, nargs="?", help="the search (omit with --all)")
     audit.add_argument("--all", action="store_true", help="audit the whole log instead of one search")
@@ -143,6 +145,12 @@ def register(subparsers: Any) -> None:
         help="verify an export (kf export) offline instead: no database, no Temporal (default: audit the database)",
     )
     audit.add_argument("--json", action="store_true", help="print the audit report as JSON")
+    audit.add_argument(
+        "--require-witness",
+        action="store_true",
+        help="exit 3 when the search's witness in Temporal cannot be read (by default the audit of the log alone "
+        "still runs, says the witness is unavailable, and exits 0 if the chain is intact)",
+    )
     audit.set_defaults(handler=run_audit)
 
 
@@ -660,6 +668,11 @@ def run_update(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     from engine.search.audit import audit_log, audit_search, format_audit, format_log_audit
 
+    if args.require_witness and (args.file is not None or args.all):
+        raise UserError(
+            "kf audit --require-witness checks one search's witness in Temporal; an export (--file) or the whole "
+            "log (--all) has none to check: drop --require-witness, or audit a search id"
+        )
     if args.file is not None:
         from cli.export import run_offline_audit
 
@@ -677,7 +690,17 @@ def run_audit(args: argparse.Namespace) -> int:
 
     report = asyncio.run(go())
     print(json.dumps(report) if args.json else format_audit(report))
-    return 0 if report["intact"] else 1
+    if not report["intact"]:
+        return 1
+    if args.require_witness and report["witness"]["status"] != "intact":
+        # A script that must know the stream was not cut short or rewritten cannot take the chain alone for it.
+        print(
+            f"kf: error: the witness could not be checked ({report['witness']['reason']}); "
+            "start Temporal (`kf up`) or point KF_TEMPORAL_ADDRESS at it, then audit again",
+            file=sys.stderr,
+        )
+        return exit_status.MACHINE
+    return 0
 
 
 async def _witness(search_id: str) -> Any:

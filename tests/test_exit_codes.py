@@ -163,6 +163,7 @@ async def test_every_client_command_exits_with_its_status_every_time(
         unknown = await kf(["search", "show", "search-that-never-ran"], env)
         assert_status(unknown, exit_status.BAD_INPUT)
         assert "`kf search list` shows the search ids" in unknown.err
+    await audit_needs_its_witness_only_when_asked(env, search_id)
     # With no worker left to answer its query, a search cannot be shown: a service is down.
     orphan = await kf(["search", "show", search_id], env)
     assert_status(orphan, exit_status.MACHINE)
@@ -173,6 +174,22 @@ async def test_every_client_command_exits_with_its_status_every_time(
     waited = await kf(["search", "show", json.loads(unserved.out)["search_id"]], env)
     assert_status(waited, exit_status.MACHINE)
     assert waited.err.startswith("kf: error: no worker answers for this search") and waited.err.count("\n") == 1
+
+
+async def audit_needs_its_witness_only_when_asked(env: dict[str, str], search_id: str) -> None:
+    """With Temporal unreachable, `kf audit` still checks the chain, says the witness is unavailable and exits 0;
+    with --require-witness it exits 3, naming why and what to start. With Temporal up, both exit 0."""
+    witnessed = await kf(["audit", search_id, "--require-witness", "--json"], env)
+    assert_status(witnessed, exit_status.OK)
+    assert json.loads(witnessed.out)["witness"]["status"] == "intact"
+    no_temporal = env | {"KF_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "KF_OUTAGE_PATIENCE_S": "0"}
+    lenient = await kf(["audit", search_id], no_temporal)
+    assert_status(lenient, exit_status.OK)
+    assert "hash chain: intact" in lenient.out and "witness: UNAVAILABLE" in lenient.out
+    strict = await kf(["audit", search_id, "--require-witness", "--json"], no_temporal)
+    assert_status(strict, exit_status.MACHINE)
+    assert json.loads(strict.out)["witness"]["status"] == "unavailable"  # the report is printed all the same
+    assert strict.err.startswith("kf: error: the witness could not be checked") and "kf up" in strict.err
 
 
 async def busy_worker_is_waited_for(client: Client, search_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,6 +242,7 @@ BAD_INPUT = [
     ["search", "list", "--limit", "0"],
     ["lessons", "--target", "gpu"],
     ["audit"],
+    ["audit", "--all", "--require-witness"],
     ["evaluate", "--problem", "no_such_problem", "--source", "k.c"],
     ["db", "status", "--database-url", "mysql://db/kf"],
     ["worker", "--metrics-port", "0"],
