@@ -381,6 +381,16 @@ def test_a_tolerance_past_the_bound_on_a_timed_shape_is_bad_input_to_kf_evaluate
     assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
 
 
+def test_a_tolerance_that_accepts_zeros_on_a_timed_shape_is_bad_input_to_kf_evaluate(tmp_path: Path) -> None:
+    # atol 10 only on the benchmark shapes: within every bound a tolerance has, but an l2norm output (each value
+    # at most 1) of zeros passes it there. The timed outputs' check refuses the problem (exit status 2) rather
+    # than time and accept a kernel that writes nothing where it is timed.
+    edits, _, _ = HOSTILE_FOLDERS["a tolerance loose only where timed"]
+    folder = folder_like("l2norm", tmp_path, **edits)
+    source = str(load_problem("l2norm").folder / "seed.c")
+    assert kf(["evaluate", "--problem", str(folder), "--source", source, "--budget", "0.2"]) == 2
+
+
 @pytest.mark.parametrize(
     "answer", ["{'y': _old_baseline(*args)['y'].tolist()}", "{'y': _old_baseline(*args)['y'].astype(np.float64)}"]
 )

@@ -152,6 +152,17 @@ def compare_output(
     return False, evidence
 
 
+def accepts_zeros(reference: np.ndarray, atol: float, rtol: float) -> bool:
+    """Whether (atol, rtol) would pass an all-zero output against ``reference``, which is not all zero: every
+    finite reference value within the tolerance of 0. Such a tolerance checks nothing of an answer's values
+    (kf problem check's benchmark_tolerance check asks more: that a bfloat16 rounding fails it)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    finite = np.abs(ref[np.isfinite(ref)])
+    if not finite.size or not finite.max() > 0:
+        return False
+    return bool(np.all(finite <= atol + rtol * finite))
+
+
 def output_values(problem: Problem, name: str, got: np.ndarray, reference: Any) -> tuple[np.ndarray, np.ndarray]:
     """An output and its reference as :func:`compare_output` takes them. A ``bfloat16`` output (stored as its
     bits) is decoded to float32 (Problem.decode_output) and its reference rounded to bfloat16 first, which is
