@@ -694,11 +694,12 @@ def run_audit(args: argparse.Namespace) -> int:
         return 1
     if args.require_witness and report["witness"]["status"] != "intact":
         # A script that must know the stream was not cut short or rewritten cannot take the chain alone for it.
-        print(
-            f"kf: error: the witness could not be checked ({report['witness']['reason']}); "
-            "start Temporal (`kf up`) or point KF_TEMPORAL_ADDRESS at it, then audit again",
-            file=sys.stderr,
-        )
+        reason = str(report["witness"]["reason"])
+        if reason.startswith(("Temporal is not reachable", "Temporal did not answer")):
+            fix = "start Temporal (`kf up`) or point KF_TEMPORAL_ADDRESS at it, then audit again"
+        else:  # gone for good (retention, another cluster, a kf that recorded no heads): asking again will not help
+            fix = "no witness will come back for this search: only its chain can be audited (without --require-witness)"
+        print(f"kf: error: the witness could not be checked ({reason}); {fix}", file=sys.stderr)
         return exit_status.MACHINE
     return 0
 
