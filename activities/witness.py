@@ -35,7 +35,12 @@ async def witness_of(client: Client, search_id: str) -> Witness:
                 # holds the head the earlier runs reached.
                 missing_earlier = f"; the history of earlier run {run_id} is gone (retention)"
                 break
-            return Witness(search_id=search_id, available=False, reason=_unavailable(client, search_id, error))
+            return Witness(
+                search_id=search_id,
+                available=False,
+                reason=_unavailable(client, search_id, error),
+                transient=error.status != RPCStatusCode.NOT_FOUND,
+            )
         if not history.events:
             break
         run = history.run_id

@@ -695,7 +695,7 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.require_witness and report["witness"]["status"] != "intact":
         # A script that must know the stream was not cut short or rewritten cannot take the chain alone for it.
         reason = str(report["witness"]["reason"])
-        if reason.startswith(("Temporal is not reachable", "Temporal did not answer")):
+        if report["witness"]["transient"]:
             fix = "start Temporal (`kf up`) or point KF_TEMPORAL_ADDRESS at it, then audit again"
         else:  # gone for good (retention, another cluster, a kf that recorded no heads): asking again will not help
             fix = "no witness will come back for this search: only its chain can be audited (without --require-witness)"
@@ -714,5 +714,7 @@ async def _witness(search_id: str) -> Any:
     try:
         client = await connect()
     except UserError as error:
-        return Witness(search_id=search_id, available=False, reason=f"Temporal is not reachable: {error}")
+        return Witness(
+            search_id=search_id, available=False, reason=f"Temporal is not reachable: {error}", transient=True
+        )
     return await witness_of(client, search_id)

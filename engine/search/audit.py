@@ -97,9 +97,11 @@ def _witness_report(witness: Witness | None, findings: list[WitnessFinding]) -> 
             reason = witness.reason
         else:
             reason = f"{witness.source} records no stream head (the search ran on a kf that did not record them)"
-        return {"status": "unavailable", "reason": reason, "heads": 0, "findings": []}
+        transient = witness is not None and witness.transient
+        return {"status": "unavailable", "reason": reason, "transient": transient, "heads": 0, "findings": []}
     return {
         "status": "mismatch" if findings else "intact",
+        "transient": False,
         "source": witness.source,
         "reason": witness.reason,
         "heads": len(witness.heads),

@@ -43,6 +43,9 @@ class Witness(BaseModel):
     unreachable); ``reason`` says which."""
     reason: str = ""
     """Why the witness is unavailable, or what is missing from it (earlier runs already deleted)."""
+    transient: bool = False
+    """True when it is unavailable because Temporal did not answer: asked again later, it may be read. False when
+    the history is gone for good (retention, another cluster) or was read."""
     source: str = ""
     """Which history was read, for people."""
     heads: list[WitnessedHead] = Field(default_factory=list)
