@@ -152,15 +152,16 @@ def compare_output(
     return False, evidence
 
 
-def accepts_zeros(reference: np.ndarray, atol: float, rtol: float) -> bool:
-    """Whether (atol, rtol) would pass an all-zero output against ``reference``, which is not all zero: every
-    finite reference value within the tolerance of 0. Such a tolerance checks nothing of an answer's values
-    (kf problem check's benchmark_tolerance check asks more: that a bfloat16 rounding fails it)."""
+def accepts_zeros(reference: np.ndarray, atol: float, rtol: float) -> float | None:
+    """The largest finite |reference| value when (atol, rtol) would pass an all-zero output against ``reference``
+    (which is not all zero): every finite reference value within the tolerance of 0; else None. Such a tolerance
+    checks nothing of an answer's values (kf problem check's benchmark_tolerance check asks more: that a bfloat16
+    rounding fails it)."""
     ref = np.asarray(reference, dtype=np.float64)
     finite = np.abs(ref[np.isfinite(ref)])
     if not finite.size or not finite.max() > 0:
-        return False
-    return bool(np.all(finite <= atol + rtol * finite))
+        return None
+    return float(finite.max()) if bool(np.all(finite <= atol + rtol * finite)) else None
 
 
 def output_values(problem: Problem, name: str, got: np.ndarray, reference: Any) -> tuple[np.ndarray, np.ndarray]:
