@@ -3,6 +3,7 @@ against recorded landscapes, with Kernel Tuner's own strategies as the peer.
 
     .venv/bin/python bench/search_quality.py [--json] [--problems softmax,rmsnorm] [--repetitions 200]
         [--record] [--max-settings 128] [--stale-ok] [--no-kernel-tuner] [--transfer-repetitions 50]
+        [--first-seed 0]
 
 1. Landscapes (engine/replay/landscape.py, recording.py): every setting of each problem's CPU template space
    (a seeded sample of --max-settings when the space is larger), and the seed kernel, compiled, validated
@@ -17,7 +18,10 @@ against recorded landscapes, with Kernel Tuner's own strategies as the peer.
    seen and lessons built from its own replayed outcomes (engine/evidence/lessons.build_lessons, as the
    lessons projection would fold them) -- but each evaluation draws one recorded benchmark of the setting
    (a failed setting replays its verdict) instead of measuring, and promotion follows the search's rule.
-   --repetitions searches per proposer and problem, each with its own seed.
+   --repetitions searches per proposer and problem, each with its own seed: --first-seed and the ones after
+   it. The same seeds replay the same searches, so two proposers (or two versions of one) are compared on the
+   same draws; another --first-seed replays another set, which says whether a difference is more than the
+   seeds.
 3. Kernel Tuner's strategies (random_sample, genetic_algorithm, simulated_annealing, greedy_ils, bayes_opt,
    … per --kernel-tuner-strategies) search the same settings in its simulation mode, through a cache file
    exported from the landscape (engine/replay/kernel_tuner_cache.py): one per repetition, each setting's
@@ -188,9 +192,16 @@ def _target() -> str:
 
 
 def replay_proposer(
-    name: str, problem: Problem, landscape: Landscape, repetitions: int, horizon: int, per_generation: int
+    name: str,
+    problem: Problem,
+    landscape: Landscape,
+    repetitions: int,
+    horizon: int,
+    per_generation: int,
+    first_seed: int = 0,
 ) -> list[list[float | None]]:
-    """The landscape values of each replayed search's evaluations, in order."""
+    """The landscape values of each replayed search's evaluations, in order; the searches' seeds are
+    ``first_seed`` and the ``repetitions - 1`` after it."""
     make = PROPOSERS[name]
     return [
         [
@@ -199,12 +210,18 @@ def replay_proposer(
                 make(), problem, landscape, evaluations=horizon, seed=seed, per_generation=per_generation
             )
         ]
-        for seed in range(repetitions)
+        for seed in range(first_seed, first_seed + repetitions)
     ]
 
 
 def replay_warm(
-    name: str, problem: Problem, landscape: Landscape, repetitions: int, budget: int, per_generation: int
+    name: str,
+    problem: Problem,
+    landscape: Landscape,
+    repetitions: int,
+    budget: int,
+    per_generation: int,
+    first_seed: int = 0,
 ) -> dict[str, float]:
     """Warm searches: each repetition runs a cold search of ``budget`` evaluations, then a second search with
     another seed that sees the first one's lessons (as a later search on the same log does; it starts from
@@ -215,7 +232,7 @@ def replay_warm(
     remeasured: list[int] = []
     beats: list[bool] = []
     ratio: list[float] = []
-    for seed in range(repetitions):
+    for seed in range(first_seed, first_seed + repetitions):
         lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target)
         cold = replay_search(
             make(), problem, landscape, evaluations=budget, seed=seed, per_generation=per_generation, lessons=lessons
@@ -255,6 +272,7 @@ def replay_transfer(
     repetitions: int,
     horizon: int,
     per_generation: int,
+    first_seed: int = 0,
 ) -> list[list[float | None]]:
     """Leave-one-out transfer: each repetition replays a cold search of each source problem (another problem
     of the family, TRANSFER_SOURCE_BUDGET evaluations on its own landscape), then a search of ``problem``
@@ -262,7 +280,7 @@ def replay_transfer(
     would see them. Its seed is the cold search's of the same repetition (replay_proposer), so the two differ
     only by the lessons. The landscape values of each transfer search's evaluations, in order."""
     runs: list[list[float | None]] = []
-    for seed in range(repetitions):
+    for seed in range(first_seed, first_seed + repetitions):
         family: list[ReplayLessons] = []
         for source, source_landscape in sources:
             lessons = ReplayLessons(recorded_space(source, source_landscape), source_landscape.target)
@@ -298,11 +316,19 @@ def transfer_row(
     cold: list[list[float | None]],
     horizon: int,
     per_generation: int,
+    first_seed: int = 0,
 ) -> dict[str, Any]:
     """One family problem's transfer figures: its cold searches (the first ``len(cold)`` repetitions of the
-    search proposer's replay, the same seeds) against as many leave-one-out transfer searches."""
+    search proposer's replay, seeds from ``first_seed``) against as many leave-one-out transfer searches with
+    the same seeds."""
     runs = replay_transfer(
-        problem, landscape, [(load_problem(s), found[s][0]) for s in sources], len(cold), horizon, per_generation
+        problem,
+        landscape,
+        [(load_problem(s), found[s][0]) for s in sources],
+        len(cold),
+        horizon,
+        per_generation,
+        first_seed,
     )
     cold_evals = median_evals_to(landscape, cold, 0.95)
     transfer_evals = median_evals_to(landscape, runs, 0.95)
@@ -331,16 +357,17 @@ def transfer_target(transfer: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def replay_kernel_tuner(
-    strategy: str, landscape: Landscape, repetitions: int, budgets: list[int]
+    strategy: str, landscape: Landscape, repetitions: int, budgets: list[int], first_seed: int = 0
 ) -> tuple[dict[int, list[list[float | None]]], list[str]]:
-    """Per budget, the landscape values of each Kernel Tuner search (max_fevals = the budget), and the errors
-    of the searches that raised (a strategy's own failure, e.g. on a sparse sampled space: left out)."""
+    """Per budget, the landscape values of each Kernel Tuner search (max_fevals = the budget; seeds from
+    ``first_seed``), and the errors of the searches that raised (a strategy's own failure, e.g. on a sparse
+    sampled space: left out)."""
     runs: dict[int, list[list[float | None]]] = {}
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kf-kt-") as folder:
         for budget in budgets:
             runs[budget] = []
-            for seed in range(repetitions):
+            for seed in range(first_seed, first_seed + repetitions):
                 if sum("TimeoutError" in e for e in errors) >= MAX_TIMEOUTS:
                     errors.append(f"budget {budget} seed {seed}: skipped after {MAX_TIMEOUTS} searches timed out")
                     continue
@@ -385,6 +412,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--record-budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per benchmark")
     parser.add_argument("--database-url", default=os.environ.get("KF_LANDSCAPE_DATABASE_URL") or None)
     parser.add_argument("--repetitions", type=int, default=200, help="replayed searches per proposer and problem")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seed of the first replayed search (the others follow it): another set of searches, to see "
+        "whether a difference between two runs is more than which seeds they drew",
+    )
     parser.add_argument("--per-generation", type=int, default=DEFAULT_PER_GENERATION)
     parser.add_argument("--horizon", type=int, default=48, help="evaluations per replayed search (for evals_to_95pct)")
     parser.add_argument("--proposers", default=",".join(PROPOSERS))
@@ -441,7 +475,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         horizon = max(args.horizon, *budgets)
         for who in [p for p in args.proposers.split(",") if p]:
             began = time.perf_counter()
-            runs = replay_proposer(who, problem, landscape, args.repetitions, horizon, args.per_generation)
+            runs = replay_proposer(
+                who, problem, landscape, args.repetitions, horizon, args.per_generation, args.first_seed
+            )
             seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.repetitions, 1)
             scored(who, name, landscape, {b: runs for b in budgets} | {horizon: runs})
             say(
@@ -450,12 +486,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             if who == "search":
                 reps = max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
-                warm[name] = replay_warm(who, problem, landscape, reps, WARM_BUDGET, args.per_generation)
+                warm[name] = replay_warm(
+                    who, problem, landscape, reps, WARM_BUDGET, args.per_generation, args.first_seed
+                )
                 say(f"{name} {who} warm: {warm[name]}")
                 sources = transfer_sources(problem, found)
                 if sources and transfer_reps > 0:
                     transfer[name] = transfer_row(
-                        problem, landscape, found, sources, runs[:transfer_reps], horizon, args.per_generation
+                        problem,
+                        landscape,
+                        found,
+                        sources,
+                        runs[:transfer_reps],
+                        horizon,
+                        args.per_generation,
+                        args.first_seed,
                     )
                     say(f"{name} transfer from {', '.join(sources)}: {transfer[name]}")
         why_not = kernel_tuner_peer.available()
@@ -465,7 +510,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for strategy in [s for s in args.kernel_tuner_strategies.split(",") if s]:
             who = f"kernel_tuner:{strategy}"
             began = time.perf_counter()
-            by_budget, errors = replay_kernel_tuner(strategy, landscape, args.kernel_tuner_repetitions, budgets)
+            by_budget, errors = replay_kernel_tuner(
+                strategy, landscape, args.kernel_tuner_repetitions, budgets, args.first_seed
+            )
             if errors:
                 failures.setdefault(who, {})[name] = f"{len(errors)} searches raised, e.g. {errors[0][:200]}"
             seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.kernel_tuner_repetitions, 1)
@@ -485,6 +532,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "evals_to_95pct": evals,
         "repetitions": {"proposers": args.repetitions, "kernel_tuner": args.kernel_tuner_repetitions},
+        "first_seed": args.first_seed,
         # evals_to_95pct looks this far: a replayed proposer's searches run to the horizon, Kernel Tuner's
         # to the largest budget (its strategies size themselves by max_fevals).
         "evals_to_95pct_within": {"proposers": max(args.horizon, *budgets), "kernel_tuner": max(budgets)},

@@ -453,3 +453,19 @@ def test_a_transfer_replay_reaches_the_mark_sooner_where_the_family_agrees(monke
     rows["rmsnorm"] = {**row, "transfer_vs_cold": None}  # never reached the mark
     target = search_quality.transfer_target(rows)
     assert target == {"count": 1, "of": 3, "ratio": 0.75, "problems": ["l2norm"]}
+
+
+def test_a_first_seed_replays_another_set_of_searches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--first-seed: the searches of seeds k.. are the same whichever run they are part of, and another first
+    seed replays other searches (a difference between two proposers can then be checked on fresh draws)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    problem, landscape = toy_landscape(noise=0.1)
+    from_zero = search_quality.replay_proposer("search", problem, landscape, 6, 12, 4)
+    from_four = search_quality.replay_proposer("search", problem, landscape, 2, 12, 4, first_seed=4)
+    assert from_four == from_zero[4:]
+    later = search_quality.replay_proposer("search", problem, landscape, 6, 12, 4, first_seed=100)
+    assert later != from_zero
+    warm = search_quality.replay_warm("search", problem, landscape, 2, 8, 4, first_seed=4)
+    assert warm != search_quality.replay_warm("search", problem, landscape, 2, 8, 4, first_seed=200)
