@@ -432,6 +432,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="leave-one-out transfer searches per family problem (default: a quarter of --repetitions; 0: none)",
     )
     args = parser.parse_args(argv)
+    if args.first_seed < 0:
+        # numpy's generators take no negative seed, and would say so only after the landscapes were loaded.
+        parser.error(f"--first-seed {args.first_seed}: a seed is 0 or more")
     problems = [p for p in args.problems.split(",") if p]
     command = "python bench/search_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
     found = asyncio.run(landscapes(args, problems))

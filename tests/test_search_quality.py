@@ -469,3 +469,16 @@ def test_a_first_seed_replays_another_set_of_searches(monkeypatch: pytest.Monkey
     assert later != from_zero
     warm = search_quality.replay_warm("search", problem, landscape, 2, 8, 4, first_seed=4)
     assert warm != search_quality.replay_warm("search", problem, landscape, 2, 8, 4, first_seed=200)
+
+
+def test_a_negative_first_seed_is_refused_before_any_landscape_is_loaded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    # An unreachable database: reaching it would fail differently (and slowly) than the refusal asserted here.
+    with pytest.raises(SystemExit) as stopped:
+        search_quality.main(["--first-seed", "-1", "--problems", "kda", "--database-url", "postgresql://127.0.0.1:1/x"])
+    assert stopped.value.code == 2
+    assert "--first-seed -1: a seed is 0 or more" in capsys.readouterr().err
