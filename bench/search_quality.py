@@ -55,7 +55,12 @@ b evaluated):
   problem as evals_to_95pct_transfer and transfer_vs_cold, and transfer_target (how many problems meet
   transfer <= 0.75 x cold). bench/self_improvement.py measures the same with real searches, once per
   repetition;
-- landscapes[problem]: its settings, space size, failures, optimum, recording and whether it is stale.
+- landscapes[problem]: its settings, space size, failures, optimum, recording and whether it is stale; how
+  firm its optimum is: best_setting_readings (that setting's recorded speedups), within_95pct (settings whose
+  value is within 5% of the optimum) and reading_range_median / reading_range_p90 (over the settings, the
+  fastest of a setting's readings over its slowest). With few readings that disagree, the optimum is as much
+  the luckiest setting as the fastest, and every score is measured against it: record again with more
+  --record-repeats.
 """
 
 from __future__ import annotations
@@ -382,12 +387,18 @@ def replay_kernel_tuner(
 
 def describe(landscape: Landscape, stale: bool) -> dict[str, Any]:
     values = landscape.values()
+    best = max(landscape.settings, key=lambda s: s.value or 0.0)
+    ranges = sorted(r for s in landscape.settings if (r := s.reading_range) is not None)
     return {
         "settings": len(landscape.settings),
         "space_size": landscape.space_size,
         "failed": sum(v is None for v in values),
         "optimum": landscape.optimum,
-        "best_setting": max(landscape.settings, key=lambda s: s.value or 0.0).key,
+        "best_setting": best.key,
+        # How firm the score's 1 is: the optimum's own readings, and how far a setting's readings disagree.
+        "best_setting_readings": [round(s.speedup, 4) for s in best.samples],
+        "reading_range_median": round(statistics.median(ranges), 4) if ranges else None,
+        "reading_range_p90": round(ranges[int(0.9 * (len(ranges) - 1))], 4) if ranges else None,
         "within_95pct": sum(v is not None and v >= 0.95 * landscape.optimum for v in values),
         "seed_value": landscape.floor,
         "median_value": statistics.median(v for v in values if v is not None) if any(values) else None,

@@ -482,3 +482,23 @@ def test_a_negative_first_seed_is_refused_before_any_landscape_is_loaded(
         search_quality.main(["--first-seed", "-1", "--problems", "kda", "--database-url", "postgresql://127.0.0.1:1/x"])
     assert stopped.value.code == 2
     assert "--first-seed -1: a seed is 0 or more" in capsys.readouterr().err
+
+
+def test_a_landscape_says_how_firm_its_optimum_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures name the optimum's own readings and how far a setting's readings disagree, so a reader can
+    tell a landscape whose 1 is a lucky reading from one whose readings agree."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    _, quiet = toy_landscape(noise=0.01)
+    _, loud = toy_landscape(noise=0.15)
+    firm, shaky = search_quality.describe(quiet, False), search_quality.describe(loud, False)
+    best = max(loud.settings, key=lambda s: s.value or 0.0)
+    assert shaky["best_setting_readings"] == [round(s.speedup, 4) for s in best.samples]
+    assert len(shaky["best_setting_readings"]) == loud.repeats
+    # Three readings of spread 0.01 in ln agree to a few percent; of spread 0.15, by tens of percent.
+    assert 1.0 < firm["reading_range_median"] < 1.05
+    assert shaky["reading_range_median"] > 1.15
+    assert shaky["reading_range_p90"] >= shaky["reading_range_median"]
+    failed = next(s for s in loud.settings if not s.ok)
+    assert failed.reading_range is None

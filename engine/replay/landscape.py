@@ -174,6 +174,15 @@ class Setting:
             return None
         return math.exp(math.fsum(math.log(s.speedup) for s in self.samples) / len(self.samples))
 
+    @property
+    def reading_range(self) -> float | None:
+        """How far its readings disagree: its fastest sample's speedup over its slowest (1.0: they agree); None
+        when it failed or was read once."""
+        if not self.ok or len(self.samples) < 2:
+            return None
+        speedups = [s.speedup for s in self.samples]
+        return max(speedups) / min(speedups)
+
     def draw(self, rng: np.random.Generator) -> Outcome:
         """One evaluation as a search would see it: a failed setting's verdict, or one of its samples."""
         if not self.ok:
