@@ -187,6 +187,14 @@ async def landscapes(args: argparse.Namespace, problems: list[str]) -> dict[str,
                 force=args.record,
             )
             found[name] = (await record_landscape(store, plan), False)
+    for name, (landscape, _) in found.items():
+        if landscape.repeats < DEFAULT_REPEATS:
+            # A reused recording keeps the readings it was taken with (see DEFAULT_REPEATS for why few mislead).
+            say(
+                f"{name}: recording {landscape.recording} has {landscape.repeats} readings per setting, fewer "
+                f"than {DEFAULT_REPEATS}: its optimum may be a lucky reading. Record it again with --record "
+                f"--problems {name}"
+            )
     return found
 
 

@@ -4,6 +4,8 @@ strategies run on the exported cache. Every landscape here is synthetic: nothing
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -502,3 +504,57 @@ def test_a_landscape_says_how_firm_its_optimum_is(monkeypatch: pytest.MonkeyPatc
     assert shaky["reading_range_p90"] >= shaky["reading_range_median"]
     failed = next(s for s in loud.settings if not s.ok)
     assert failed.reading_range is None
+
+
+async def test_a_recording_of_few_readings_is_replayed_with_a_warning(
+    store: EventStore, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reused recording with fewer readings per setting than recordings now take says so, and how to record
+    it again; the newer take with enough readings is replayed without a word."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    problem, toy = toy_landscape(problem="kda")
+    target = search_quality._target()
+    landscape = dataclasses.replace(toy, target=target)
+    current = problem.fingerprint()
+    stream = stream_of(landscape.problem, target)
+
+    async def take(number: int, repeats: int) -> str:
+        recording = f"{current[:16]}-all-m{CPU_MEASUREMENT_METHOD}-t{number}"
+        closing = LandscapeRecorded(
+            recording=recording,
+            problem=landscape.problem,
+            target=target,
+            fingerprint=current,
+            space_size=len(landscape.settings),
+            settings=len(landscape.settings),
+            max_settings=None,
+            sample_seed=0,
+            repeats=repeats,
+            budget_s=0.2,
+            seconds=1.0,
+            method=CPU_MEASUREMENT_METHOD,
+        )
+        events = [measured_event(p) for p in measured_payloads(landscape, current, recording)]
+        await store.append(stream, [*events, recorded_event(closing)])
+        return recording
+
+    args = argparse.Namespace(
+        database_url=fresh_db_url,
+        stale_ok=False,
+        record=False,
+        max_settings=len(landscape.settings),
+        record_repeats=4,
+        record_budget=0.2,
+    )
+    few = await take(0, repeats=2)
+    found = await search_quality.landscapes(args, ["kda"])
+    assert found["kda"][0].recording == few
+    warned = capsys.readouterr().err
+    assert f"recording {few} has 2 readings per setting" in warned
+    assert "--record --problems kda" in warned
+    enough = await take(1, repeats=4)
+    found = await search_quality.landscapes(args, ["kda"])
+    assert found["kda"][0].recording == enough
+    assert "readings per setting" not in capsys.readouterr().err
