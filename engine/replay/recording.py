@@ -57,9 +57,10 @@ DEFAULT_REPEATS = 4
 """Benchmarks per ok setting: a replayed evaluation draws one of them, and a setting's value on the landscape
 is their geometric mean. Four rather than two: on this machine two readings of one kda setting could differ by
 20% (6.59x and 8.05x), and the highest mean of two readings among 96 settings, the score's 1, was a lucky one.
-Recorded again with four, that setting read at most 0.87 of the new optimum, a setting's readings agreed to
-1-3%, and the search proposer's score at budget 16 went from 0.25-0.40 to 0.68 (rmsnorm: 0.41-0.58 to 0.73).
-A recording takes twice as long (rmsnorm's 129 settings: 9.9 minutes)."""
+Recorded again with four, that setting read at most 0.87 of the new optimum, and the search proposer's score at
+budget 16 went from 0.25-0.40 to 0.68 (rmsnorm: 0.41-0.58 to 0.73). On the seven landscapes recorded with four,
+a setting's fastest reading is 1.02-1.05 times its slowest (median over the settings). A recording takes twice
+as long: 9-19 minutes per problem of 128 settings on the 2-core development machine."""
 
 DEFAULT_GROUP = 8
 """Settings timed together in one interleaved benchmark (with numpy: nine contenders)."""
