@@ -249,6 +249,24 @@ def test_a_proposer_leaving_the_recorded_space_is_an_error() -> None:
 # -- the event log ----------------------------------------------------------------------------------------------
 
 
+def closing_of(landscape: Landscape, fingerprint: str, recording: str, repeats: int = 3) -> LandscapeRecorded:
+    """The event closing a whole-space recording of ``landscape`` by today's CPU measurement method."""
+    return LandscapeRecorded(
+        recording=recording,
+        problem=landscape.problem,
+        target=landscape.target,
+        fingerprint=fingerprint,
+        space_size=len(landscape.settings),
+        settings=len(landscape.settings),
+        max_settings=None,
+        sample_seed=0,
+        repeats=repeats,
+        budget_s=0.2,
+        seconds=1.0,
+        method=CPU_MEASUREMENT_METHOD,
+    )
+
+
 def measured_payloads(landscape: Landscape, fingerprint: str, recording: str) -> list[LandscapeMeasured]:
     common = {
         "recording": recording,
@@ -278,20 +296,7 @@ async def test_a_recorded_landscape_is_kept_in_the_log_and_reused(store: EventSt
     current = problem.fingerprint()
     recording = f"{current[:16]}-all-m{CPU_MEASUREMENT_METHOD}-t0"
     payloads = measured_payloads(landscape, current, recording)
-    closing = LandscapeRecorded(
-        recording=recording,
-        problem=landscape.problem,
-        target=landscape.target,
-        fingerprint=current,
-        space_size=len(landscape.settings),
-        settings=len(landscape.settings),
-        max_settings=None,
-        sample_seed=0,
-        repeats=3,
-        budget_s=0.2,
-        seconds=1.0,
-        method=CPU_MEASUREMENT_METHOD,
-    )
+    closing = closing_of(landscape, current, recording)
     stream = stream_of(landscape.problem, landscape.target)
     # Half the settings, then (a resumed recording) all of them: appends are idempotent per setting.
     await store.append(stream, [measured_event(p) for p in payloads[:40]])
@@ -522,21 +527,8 @@ async def test_a_recording_of_few_readings_is_replayed_with_a_warning(
 
     async def take(number: int, repeats: int) -> str:
         recording = f"{current[:16]}-all-m{CPU_MEASUREMENT_METHOD}-t{number}"
-        closing = LandscapeRecorded(
-            recording=recording,
-            problem=landscape.problem,
-            target=target,
-            fingerprint=current,
-            space_size=len(landscape.settings),
-            settings=len(landscape.settings),
-            max_settings=None,
-            sample_seed=0,
-            repeats=repeats,
-            budget_s=0.2,
-            seconds=1.0,
-            method=CPU_MEASUREMENT_METHOD,
-        )
         events = [measured_event(p) for p in measured_payloads(landscape, current, recording)]
+        closing = closing_of(landscape, current, recording, repeats=repeats)
         await store.append(stream, [*events, recorded_event(closing)])
         return recording
 
