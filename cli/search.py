@@ -325,36 +325,44 @@ def run_start(args: argparse.Namespace) -> int:
     return _following(started, lambda: asyncio.run(_start(spec, args, started)))
 
 
-class _Terminated(Exception):
-    """SIGTERM reached a follower."""
-
-
 def _following(search: list[str], follow_it: Callable[[], int]) -> int:
     """``follow_it()``; interrupted (Ctrl-C: 130) or terminated (SIGTERM: 143), it says on stderr that the search
-    in ``search`` (its id, once known) goes on without this follower, and how to follow it again."""
-    from cli import exit_status
+    in ``search`` (its id, once known) goes on without this follower, and how to follow it again.
 
-    def terminate(signum: int, frame: object) -> None:
-        raise _Terminated
+    Why the signal ends the process from its handler, instead of raising into the event loop: an exception or a
+    cancellation raised into the follower can be swallowed on its way out (Python 3.11's ``asyncio.wait_for``
+    drops a cancellation that lands as its inner call finishes; a broad ``except`` in a library catches it), and
+    then a stopped follower goes on following for the whole outage patience. A follower holds nothing to clean
+    up: the search lives in Temporal, and it writes nothing but its output."""
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    def stop(signum: int, frame: object) -> None:
+        status, why = (
+            (exit_status.INTERRUPTED, "interrupted")
+            if signum == signal.SIGINT
+            else (exit_status.TERMINATED, "terminated")
+        )
+        if search:
+            again = f"kf search show {shlex.quote(search[0])} --wait"
+            said = f"\nkf: {why}; search {search[0]} goes on without this follower: `{again}` follows it again\n"
+        else:
+            said = f"\nkf: {why}\n"
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, RuntimeError):  # closed, or in the middle of a write this handler interrupted
+                pass
+        try:
+            os.write(sys.stderr.fileno(), said.encode())  # unbuffered: the handler may have interrupted a print
+        except OSError:
+            pass
+        os._exit(status)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         return follow_it()
-    except KeyboardInterrupt:
-        status, why = exit_status.INTERRUPTED, "interrupted"
-    except _Terminated:
-        status, why = exit_status.TERMINATED, "terminated"
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    if search:
-        again = f"kf search show {shlex.quote(search[0])} --wait"
-        print(
-            f"\nkf: {why}; search {search[0]} goes on without this follower: `{again}` follows it again",
-            file=sys.stderr,
-        )
-    else:
-        print(f"\nkf: {why}", file=sys.stderr)
-    return status
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 async def _start(spec: SearchSpec, args: argparse.Namespace, started: list[str]) -> int:
