@@ -352,7 +352,7 @@ def _following(search: list[str], follow_it: Callable[[], int]) -> int:
             except (OSError, ValueError, RuntimeError):  # closed, or in the middle of a write this handler interrupted
                 pass
         try:
-            os.write(sys.stderr.fileno(), said.encode())  # unbuffered: the handler may have interrupted a print
+            os.write(2, said.encode())  # unbuffered, and fd 2 even where sys.stderr was replaced
         except OSError:
             pass
         os._exit(status)
