@@ -6,6 +6,7 @@ co-tenants used the quota up, or it runs at SCHED_IDLE next to a process that ke
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import subprocess
@@ -102,12 +103,29 @@ def throttled(pid: int) -> Iterator[None]:
         (group / "cgroup.procs").write_text(str(pid))
         yield
     finally:
+        release(root, group)
+
+
+def release(root: Path, group: Path) -> None:
+    """Move what is left in ``group`` back to ``root`` and remove it."""
+    # The worker was usually killed while held: an exiting task cannot be moved, and it stays in the group (whose
+    # removal fails with EBUSY) until it has had the CPU to finish exiting. Lift the quota so that it gets it, and
+    # retry until the group is empty.
+    (group / "cpu.cfs_quota_us").write_text("-1")
+    deadline = time.monotonic() + 10.0
+    while True:
         for process in (group / "cgroup.procs").read_text().split():
             try:
                 (root / "cgroup.procs").write_text(process)
             except OSError:
-                pass  # it died
-        group.rmdir()
+                pass  # exiting or gone
+        try:
+            group.rmdir()
+            return
+        except OSError as error:
+            if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 def test_a_process_kept_off_its_cpu_is_held_by_the_machine_and_the_one_that_ran_is_not() -> None:
