@@ -150,18 +150,23 @@ def test_sleeping_through_warm_up_is_forbidden(cache: Path) -> None:
 
 def test_stalling_through_warm_up_does_not_look_faster(cache: Path) -> None:
     problem = load_problem("softmax")
-    seed_artifact = compiled(problem, problem.seed_source(), cache)
-    report = benchmark(
-        problem,
-        (CORPUS / "busy_warmup.c").read_text(),
-        cache,
-        Reference(kind="artifact", artifact_id=seed_artifact, label="seed"),
-    )
-    assert report.verdict == Verdict.ok
+    seed = Reference(kind="artifact", artifact_id=compiled(problem, problem.seed_source(), cache), label="seed")
+    stalling = (CORPUS / "busy_warmup.c").read_text()
     # It is the seed plus a stall, compiled separately (code placement alone moves a kernel by a few per
-    # cent): what it must never do is clear the promotion margin against the seed.
+    # cent): what it must never do is clear the promotion margin against the seed. A search re-measures a
+    # promotion before it believes it when the reading shared its cores (PromotionPolicy.confirm_halfwidth),
+    # and CI's two test workers share this machine: once in a few dozen runs an equal kernel read 1.08x [1.04,
+    # 1.11] there. So a reading that clears the margin is taken again, with a larger budget, as the search
+    # would; a stall that fooled the harness would clear it both times.
     margin = PromotionPolicy().margin
-    assert report.ci_low < 1 + margin, f"a kernel that only stalls more came out faster: {report.message}"
+    readings = []
+    for budget_s in (BUDGET_S, 4 * BUDGET_S):
+        report = benchmark(problem, stalling, cache, seed, budget_s=budget_s)
+        assert report.verdict == Verdict.ok
+        readings.append(report.message)
+        if report.ci_low < 1 + margin:
+            return
+    pytest.fail(f"a kernel that only stalls more came out faster, twice: {readings}")
 
 
 def test_memoizing_by_buffer_finds_no_cheap_drift(cache: Path) -> None:
