@@ -169,6 +169,25 @@ def test_the_first_pick_exploits_an_interaction_it_has_only_seen_in_parts() -> N
     assert all("posterior mean" in c.rationale for c in firsts)
 
 
+def test_one_evaluation_in_four_exploits_whatever_the_generation_size() -> None:
+    problem = problem_of("rmsnorm")
+    lessons = {"settings": measured("rmsnorm", rmsnorm_speed, every=3)}
+    for count in (1, 2, 4, 8):
+        seen = ["seed"]
+        exploits: list[bool] = []
+        for generation in range(1, 9):
+            ctx = context(generation, 0, seen=list(seen), lessons=lessons).model_copy(update={"count": count})
+            picks = SearchProposer().propose(problem, ctx)
+            assert len(picks) == count
+            exploits += ["posterior mean" in c.rationale for c in picks]
+            # The exploiting picks come first in their generation.
+            assert exploits[-count:] == sorted(exploits[-count:], reverse=True)
+            seen += [c.candidate_id for c in picks]
+        # One generation of one candidate after another must not follow the fitted model alone: a search that
+        # only exploits stays on its first good guess.
+        assert sum(exploits) == len(exploits) // 4, (count, exploits)
+
+
 def test_transfer_from_a_family_member_through_shared_parameter_names() -> None:
     rmsnorm = problem_of("rmsnorm")
     # Only softmax was measured: there, too, streaming stores pay only in the two-pass variant.

@@ -11,8 +11,9 @@ posterior of P(correct) from ``Lessons.priors``; a dead end (never compiled or n
 only when nothing else is left.
 
 Each generation:
-- the first EXPLOIT_PICKS pick(s) exploit: the best setting under the posterior mean (once there is any
-  evidence), anywhere in the space;
+- one pick in every EXPLOIT_PERIOD evaluations of the search exploits (the first of a generation, whatever
+  the generation's size): the best setting under the posterior mean (once there is any evidence), anywhere in
+  the space;
 - the other picks take the best upper bound (mean + UCB_KAPPA spreads) under the explorer, the same fit
   with pair spreads EXPLORE_PAIR_FACTOR times wider, each reading counting for less (what the model leaves
   out spreads by EXPLORER_MODEL_SD) and, in a cold search without transfer until the problem has
@@ -74,14 +75,19 @@ DEAD_END_PENALTY = 25.0
 NEIGHBOURHOOD = 2
 """Most parameters an exploiting pick changes relative to the incumbent."""
 
-EXPLOIT_PICKS = 1
-"""Picks of each generation (once anything is known) that take the best settings under the posterior mean.
-One rather than two: on this machine's seven recorded landscapes of 128 settings each (the widened spaces of
-issue 12 item 1), replayed 100 searches per problem on seeds 0-99 (mean score over the problems at budgets
-8/16/32, 0 = random search, 1 = the optimum), two scored 0.27/0.43/0.79 and one 0.24/0.45/0.88; on seeds
-2000-2049, 0.27/0.44/0.76 and 0.28/0.45/0.87 (none 0.31/0.45/0.86, three 0.27/0.40/0.60). The second
-posterior-mean pick mostly lands next to the first, where the upper bound learns more: matmul at 32 rose
-from 0.35 to 0.70, add_rmsnorm from 0.91 to 0.97."""
+EXPLOIT_PERIOD = 4
+"""One evaluation in this many takes the best setting under the posterior mean; the others take upper bounds. A share
+of the search's evaluations, not a number of picks per generation: with one pick per generation (`kf search
+--candidates 1`) every pick exploited, and a search that only follows its fitted model gets stuck on its first good
+guess. Replayed on this machine's five recorded landscapes (rmsnorm, l2norm, add_rmsnorm, softmax, matmul; 60
+searches each, seeds 0-59; mean score at budgets 8/16/32, 0 = random search, 1 = the optimum): one candidate per
+generation scored -0.56/-1.08/-3.15 with a pick per generation and 0.33/0.67/0.87 with one in four; two per
+generation 0.21/0.57/0.91 and 0.30/0.56/0.89; eight 0.45/0.59/0.92 and 0.45/0.60/0.92; four per generation (the
+default) is the same search either way, 0.39/0.63/0.89. Why one in four rather than two (an earlier design took two
+picks per generation of four): on this machine's seven landscapes of 128 settings, replayed 100 searches per problem
+on seeds 0-99, two scored 0.27/0.43/0.79 and one 0.24/0.45/0.88; on seeds 2000-2049, 0.27/0.44/0.76 and
+0.28/0.45/0.87 (none 0.31/0.45/0.86, three 0.27/0.40/0.60). A second posterior-mean pick mostly lands next to the
+first, where the upper bound learns more: matmul at 32 rose from 0.35 to 0.70, add_rmsnorm from 0.91 to 0.97."""
 
 UCB_KAPPA = 3.0
 """Posterior spreads an upper-bound pick adds to the predicted ln(speedup). Three rather than the textbook
@@ -210,6 +216,8 @@ class SearchProposer:
         believed_noise = posterior.scales.noise_sd**2 + MODEL_SD**2
         # ln P(correct) of each value at its posterior mean: a value that often failed weighs a setting down.
         correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
+        # ``seen`` holds every candidate the search evaluated (the seed among them): where it stands in its budget.
+        exploiting = exploit_picks(len(set(context.seen)), context.count) if informed else 0
         picks: list[Candidate] = []
         for index in range(context.count):
             if not fresh:
@@ -219,11 +227,11 @@ class SearchProposer:
                 if incumbent and NEIGHBOURHOOD
                 else []
             )
-            covering = bool(uncovered) and not (index < EXPLOIT_PICKS and informed)
+            covering = bool(uncovered) and index >= exploiting
             if covering and not any(_changes(o.params) & uncovered for o in neighbours):
                 # Nothing near the incumbent tries what is left untried (a sparse or huge space): look anywhere.
                 neighbours = []
-            if index < EXPLOIT_PICKS and informed:
+            if index < exploiting:
                 # The best setting the model knows of, anywhere: with a model of pairs, the posterior mean is
                 # a fair guess far from the incumbent too, and a space sampled sparsely has few neighbours.
                 mode, pool = "exploit-mean", fresh
@@ -295,6 +303,14 @@ class SearchProposer:
         if mode == "exploit-mean":
             return f"exploit: best setting under the posterior mean, {setting}; {guess}"
         return f"explore: upper bound over the template space chose {setting}; {guess}"
+
+
+def exploit_picks(evaluated: int, count: int) -> int:
+    """How many of a generation's ``count`` picks exploit (take the posterior mean's best) when the search has
+    evaluated ``evaluated`` candidates so far: those of its evaluations evaluated + 0 .. evaluated + count - 1
+    that fall on a multiple of EXPLOIT_PERIOD, so one in EXPLOIT_PERIOD over the whole search (one per
+    generation of four, one every fourth generation of one, two per generation of eight)."""
+    return (evaluated + count - 1) // EXPLOIT_PERIOD - (evaluated - 1) // EXPLOIT_PERIOD
 
 
 def _changes(params: dict[str, Any]) -> set[str]:
