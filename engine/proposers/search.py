@@ -11,9 +11,9 @@ posterior of P(correct) from ``Lessons.priors``; a dead end (never compiled or n
 only when nothing else is left.
 
 Each generation:
-- one pick in every EXPLOIT_PERIOD evaluations of the search exploits (the first of a generation, whatever
-  the generation's size): the best setting under the posterior mean (once there is any evidence), anywhere in
-  the space;
+- one evaluation in every EXPLOIT_PERIOD of the search exploits, whatever the size of its generations (first
+  in its generation): the best setting under the posterior mean (once there is any evidence), anywhere in the
+  space;
 - the other picks take the best upper bound (mean + UCB_KAPPA spreads) under the explorer, the same fit
   with pair spreads EXPLORE_PAIR_FACTOR times wider, each reading counting for less (what the model leaves
   out spreads by EXPLORER_MODEL_SD) and, in a cold search without transfer until the problem has
