@@ -90,9 +90,17 @@ typedef float kf_vu __attribute__((vector_size(VEC / 8), aligned(4)));
 #define KF_TO_INT(v) __builtin_convertvector((v), kf_vi)
 #define KF_TO_FLOAT(i) __builtin_convertvector((i), kf_v)
 #define KF_BITS_TO_FLOAT(i) ((kf_v)(i))
+/* a > b ? a : b lane by lane (b where either is NaN). One vmaxps where the ISA has it: GCC makes the portable
+ * compare-and-select two instructions, and the exp's clamp and every max step take one. */
 static inline kf_v kf_max(kf_v a, kf_v b) {
+#if VEC == 512 && defined(__AVX512F__)
+    return (kf_v)_mm512_max_ps((__m512)a, (__m512)b);
+#elif VEC == 256 && defined(__AVX__)
+    return (kf_v)_mm256_max_ps((__m256)a, (__m256)b);
+#else
     const kf_vi m = a > b;
     return (kf_v)((m & (kf_vi)a) | (~m & (kf_vi)b));
+#endif
 }
 static inline float kf_hmax(kf_v v) {
     float m = v[0];
@@ -136,13 +144,26 @@ static inline float kf_bits_to_float(int32_t i) {
 #define KF_EXP1(s) kf_exp(s)
 #endif
 
-/* exp(x) for x <= 0: t = x log2(e) = n + f with n an integer and f in [-1/2, 1/2], 2^f by the polynomial,
- * 2^n from the exponent bits. x is clamped at -87 so that 2^n stays a normal float. */
+/* exp(x) for x <= 0: t = x log2(e) = n + f with n an integer and f in [-1/2, 1/2], 2^f by the polynomial, 2^n from
+ * the exponent bits. x is clamped at -87 so that 2^n stays a normal float. With AVX-512, n is rounded in place
+ * (vrndscaleps) and 2^n applied by vscalefps: three instructions for two conversions, an integer add, a shift and a
+ * multiply, where the exp is most of softmax's arithmetic (with vmaxps for the max, the best setting then ran
+ * 1.042x [1.020, 1.064] faster in one kf evaluate run on an AVX-512 Xeon). */
+#if VEC == 512 && defined(__AVX512F__)
+#define KF_SCALEF 1
+#else
+#define KF_SCALEF 0
+#endif
 static inline kf_v kf_exp(kf_v x) {
     x = kf_max(x, KF_SPLAT(-87.0f));
     const kf_v t = x * 1.44269504f;
+#if KF_SCALEF
+    const kf_v n = (kf_v)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const kf_v f = t - n;
+#else
     const kf_vi n = KF_TO_INT(t - 0.5f); /* t <= 0: truncation of t - 1/2 rounds t to nearest */
     const kf_v f = t - KF_TO_FLOAT(n);
+#endif
 #if EXP == 4
     kf_v p = KF_SPLAT(0.009569987654685974f);
     p = p * f + 0.05591757595539093f;
@@ -165,7 +186,11 @@ static inline kf_v kf_exp(kf_v x) {
     p = p * f + 0.6931471824645996f;
     p = p * f + 1.0f;
 #endif
+#if KF_SCALEF
+    return (kf_v)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
     return p * KF_BITS_TO_FLOAT((n + 127) << 23);
+#endif
 }
 
 #if PF > 0
