@@ -42,6 +42,12 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
         {**_SOFTMAX_PIPE, "VEC": 512, "ROWS": 2, "UNROLL": 1, "ALIGN": 1, "NT": 1, "SPLIT": 0},
         {**_SOFTMAX_PIPE, "VEC": 512, "ROWS": 2, "UNROLL": 1, "ALIGN": 1, "NT": 1, "SPLIT": 1},
         {**_SOFTMAX_PIPE, "VEC": 256, "ROWS": 8, "UNROLL": 1, "ALIGN": 1, "NT": 1, "SPLIT": 1},
+        # PIPE 3: chunks of long rows (4096 and 4099 columns with ROWS 1; 1000-1030 too with ROWS 2 and 4), rows
+        # whose chunks start off y's vector boundary (4099), masked chunks that are all -inf, and blocks of rows for
+        # the short ones.
+        {**_SOFTMAX_PIPE, "ONLINE": 1, "PIPE": 3, "VEC": 512, "ROWS": 1, "UNROLL": 2, "ALIGN": 1, "NT": 1, "SPLIT": 0},
+        {**_SOFTMAX_PIPE, "ONLINE": 1, "PIPE": 3, "VEC": 256, "ROWS": 2, "UNROLL": 1, "ALIGN": 0, "NT": 0, "SPLIT": 1},
+        {**_SOFTMAX_PIPE, "ONLINE": 1, "PIPE": 3, "VEC": 512, "ROWS": 4, "UNROLL": 8, "ALIGN": 1, "NT": 0, "SPLIT": 0},
     ],
     # Short rows (at most 256 columns: the validation shapes' 1, 7 and 129) in blocks of SHORT rows, long ones in
     # blocks of ROWS, pipelined and not, of adjacent rows and of rows from parts of the matrix (SPLIT).
@@ -208,6 +214,47 @@ def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) 
         function(x.ctypes.data, b.ctypes.data, y.ctypes.data, shape["rows"], cols)
         worst = float(np.max(np.abs(y - expected) / (atol + rtol * np.abs(expected))))
         assert math.isfinite(worst) and worst < 0.75, f"{params}: error {worst:.2f} of the tolerance"
+
+
+def test_softmax_chunks_are_combined_into_the_rows_max_and_sum(tmp_path: Path) -> None:
+    """PIPE 3 reduces a long row chunk by chunk, each relative to its own max, and writes the row before from the one
+    scratch row as it goes. Rows built so that a wrong combination shows: leading chunks that are all -inf (a
+    chunk's max of -inf makes x - max NaN), the row's max in its last chunk, every chunk's max far apart, one
+    element standing out of a row of -1e9, a row shorter than a chunk after long ones, and 4099 columns (chunks
+    off y's vector boundary from the second row on)."""
+    problem = load_problem("softmax")
+    cols = 4099
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, cols))
+    x[0, :1500] = -np.inf
+    x[1, -1] += 60.0
+    x[2] = np.repeat(np.arange(17)[::-1] * 9.0, 256)[:cols] + rng.standard_normal(cols)
+    x[3] = -1e9
+    x[3, 2222] = 0.5
+    x[4] *= 30.0
+    x[5, 100:] = -1e4
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    shape = {"rows": x.shape[0], "cols": cols}
+    expected = problem.reference({"x": x}, shape)["y"]
+    atol, rtol = problem.tolerance("float32", shape, {"x": x})
+    base = {"ONLINE": 1, "EXP": 4, "SIMD": 0, "FUSED": 0, "KEEP": 1, "PF": 1024, "PIPE": 3, "ROWS": 1, "SPLIT": 0}
+    for params in (
+        base | {"VEC": 512, "UNROLL": 1, "ALIGN": 1, "NT": 1},
+        base | {"VEC": 256, "UNROLL": 2, "ALIGN": 0, "NT": 0},
+        base | {"VEC": 512, "UNROLL": 4, "ALIGN": 1, "NT": 0, "ROWS": 2, "SPLIT": 1},
+    ):
+        assert problem.template_allows(params)
+        compiled = compile_source(problem, problem.render_template(params), cache_dir=tmp_path)
+        assert compiled.artifact_id is not None, compiled.first_error
+        # Our own template, not a candidate: loading it here, outside the sandbox, is safe.
+        function = getattr(ctypes.CDLL(str(artifact_path(compiled.artifact_id, tmp_path))), problem.entry)
+        function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+        function.restype = None
+        for rows in (6, 1):
+            y = np.full_like(x, np.nan)
+            function(x.ctypes.data, y.ctypes.data, rows, cols)
+            worst = float(np.max(np.abs(y[:rows] - expected[:rows]) / (atol + rtol * np.abs(expected[:rows]))))
+            assert math.isfinite(worst) and worst < 0.5, f"{params}, {rows} rows: error {worst:.2f} of the tolerance"
 
 
 def _native_macros() -> set[str]:

@@ -54,7 +54,7 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "NT": [0, 1],
     "PF": [0, 1024],
     "ALIGN": [0, 1],
-    "PIPE": [0, 1, 2],
+    "PIPE": [0, 1, 2, 3],
     # Rows per block of the PIPE 2 pipeline (named as in rmsnorm's template, whose ROWS interleaves rows too).
     "ROWS": [1, 2, 4, 8],
     # A PIPE 2 block's rows adjacent (0) or each from its own part of the matrix (1): memory streams in flight.
@@ -86,9 +86,9 @@ def template_allows(params: dict[str, Any]) -> bool:
     streaming stores need explicit vectors and an aligned loop (VEC > 0, ALIGN 1); ALIGN peels to a vector
     width (VEC > 0); the scratch row replaces storing into y (KEEP with FUSED 0); the pipelined loop pairs a
     separate max pass with a final pass that does not read y (PIPE: VEC > 0, ONLINE 0, FUSED 0); the
-    three-stage pipeline keeps its exponentials in scratch rows (PIPE 2 with KEEP 1), and only it blocks rows
-    (ROWS > 1 with PIPE 2), and only a block of several rows can take them from parts of the matrix (SPLIT 1
-    with ROWS > 1)."""
+    three-stage pipeline keeps its exponentials in scratch rows (PIPE 2 and 3 with KEEP 1), and only it blocks
+    rows (ROWS > 1 with PIPE 2 or 3), and only a block of several rows can take them from parts of the matrix
+    (SPLIT 1 with ROWS > 1); PIPE 3's long rows are online softmax's chunks (VEC > 0, ONLINE 1)."""
     vec = params["VEC"]
     if params["SIMD"] and vec != 0:
         return False
@@ -98,12 +98,14 @@ def template_allows(params: dict[str, Any]) -> bool:
         return False
     if params["KEEP"] and params["FUSED"]:
         return False
-    if params["PIPE"] == 2 and not params["KEEP"]:
+    if params["PIPE"] in (2, 3) and not params["KEEP"]:
         return False
-    if params["ROWS"] != 1 and params["PIPE"] != 2:
+    if params["ROWS"] != 1 and params["PIPE"] not in (2, 3):
         return False
     if params["SPLIT"] and params["ROWS"] == 1:
         return False
+    if params["PIPE"] == 3:
+        return vec != 0 and bool(params["ONLINE"]) and not params["FUSED"]
     return not (params["PIPE"] and (vec == 0 or params["ONLINE"] or params["FUSED"]))
 
 

@@ -26,8 +26,16 @@
  *           it writes row r (from cache), so reads and writes stream together as in a copy (ONLINE 0,
  *           FUSED 0, VEC > 0); 2: three blocks of ROWS rows in one loop: block k + 1's maxes, block k's
  *           exponentials and sums, block k - 1's writes, so the exp's arithmetic overlaps memory too (KEEP
- *           1 as well: two blocks of scratch rows); 0: each row is reduced, then written
- *   ROWS    rows per block of the PIPE 2 pipeline, whose streams are in flight together (1 otherwise)
+ *           1 as well: two blocks of scratch rows); 3: PIPE 2 where ROWS rows are short (at most 2048 floats
+ *           together), and for longer rows the same three stages over chunks of a row (ONLINE 1, KEEP 1): one
+ *           loop takes the next chunk's max (from memory), this chunk's exponentials relative to its own max
+ *           (the chunk was just read: from L1) into the one scratch row, where the previous row's exponentials
+ *           of the chunk were, which it first writes to y scaled by their chunk's factor; a row's max and sum
+ *           come from its chunks'. x is read from memory once and the cache holds a chunk and one scratch row,
+ *           where PIPE 2 holds two of x's rows and two scratch rows, which for a long row (8192 floats, 32 KiB
+ *           each) do not fit L1; 0: each row is reduced, then written
+ *   ROWS    rows per block of the PIPE 2 pipeline (and of PIPE 3's on short rows), whose streams are in flight
+ *           together (1 otherwise)
  *   SPLIT   0: a PIPE 2 block is ROWS adjacent rows; 1: its rows are rows / ROWS apart (the matrix is split into
  *           ROWS parts walked together, left-over rows last), so a block's rows are ROWS memory streams of
  *           their own rather than one stream split at row ends: one core's bandwidth grows with the streams
@@ -145,10 +153,11 @@ static inline float kf_bits_to_float(int32_t i) {
 #endif
 
 /* exp(x) for x <= 0: t = x log2(e) = n + f with n an integer and f in [-1/2, 1/2], 2^f by the polynomial, 2^n from
- * the exponent bits. x is clamped at -87 so that 2^n stays a normal float. With AVX-512, n is rounded in place
- * (vrndscaleps) and 2^n applied by vscalefps: three instructions for two conversions, an integer add, a shift and a
- * multiply, where the exp is most of softmax's arithmetic (with vmaxps for the max, the best setting then ran
- * 1.042x [1.020, 1.064] faster in one kf evaluate run on an AVX-512 Xeon). */
+ * the exponent bits. x is clamped at -87 so that 2^n stays a normal float (and a NaN, which x - max is for a row's
+ * -inf against a chunk's max of -inf, becomes -87). With AVX-512, n is rounded in place (vrndscaleps) and 2^n
+ * applied by vscalefps: three instructions for two conversions, an integer add, a shift and a multiply, where the
+ * exp is most of softmax's arithmetic (with vmaxps for the max, the best setting then ran 1.042x [1.020, 1.064]
+ * faster in one kf evaluate run on an AVX-512 Xeon). */
 #if VEC == 512 && defined(__AVX512F__)
 #define KF_SCALEF 1
 #else
@@ -379,7 +388,7 @@ static float max_and_write(const float *restrict xn, const float *restrict xr, c
 }
 #endif
 
-#if PIPE == 2
+#if PIPE >= 2
 /* Block k of the pipeline: its row count, its first row (*first) and the floats between its rows (*apart). With
  * SPLIT the first rows / ROWS blocks take one row from each of ROWS equal parts of the matrix, and a last block
  * the rows left over; without, block k is rows k ROWS .. k ROWS + ROWS - 1 (the last one possibly short). */
@@ -474,32 +483,14 @@ static inline __attribute__((always_inline)) void kf_stage(int nn, int nc, int n
     for (int j = 0; j < nn; j++) mn[j] = mx[j];
     for (int j = 0; j < nc; j++) s[j] = sm[j];
 }
-#endif
 
-void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
-    if (cols <= 0 || rows <= 0) return;
-    float *scratch = NULL;
-#if KEEP && PIPE != 2
-    /* The exponentials of the row being reduced (stays in cache for the rows the benchmark uses); PIPE 2
-     * keeps them in its own scratch rows. */
-    scratch = malloc((size_t)cols * sizeof(float));
-    if (scratch == NULL) return; /* out of memory: y stays unwritten and the harness says incorrect */
-#endif
-#if ONLINE && KF_STASH
-    /* Per chunk: the max in force when its exponentials were stored, then its final factor. */
-    float *chunk_max = malloc((size_t)(cols / CHUNK + 2) * sizeof(float));
-    if (chunk_max == NULL) {
-        free(scratch);
-        return;
-    }
-#endif
-#if PIPE == 2
+/* Softmax by the three-stage pipeline over blocks of ROWS rows (PIPE 2). */
+static void kf_blocked(const float *x, float *y, int64_t rows, int64_t cols) {
     /* Two blocks of scratch rows: the block being reduced and the block being written. Stage k reads
      * block k + 1, reduces block k and writes block k - 1, for k = -1 .. B. */
     const int64_t stride = (cols + 15) & ~(int64_t)15;
     float *pair = aligned_alloc(64, (size_t)(2 * ROWS * stride) * sizeof(float));
     if (pair == NULL) {
-        free(scratch);
         return; /* out of memory: y stays unwritten and the harness says incorrect */
     }
     const int aligned = (cols % LANES) == 0;
@@ -533,6 +524,205 @@ void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
         for (int j = 0; j < nn; j++) m_cur[j] = m_next[j];
     }
     free(pair);
+}
+#endif
+
+#if PIPE == 3
+/* Floats of ROWS rows above which PIPE 3 takes the chunked pipeline: PIPE 2 keeps 4 x ROWS rows in cache (x's rows
+ * of two blocks, two blocks of scratch rows), which then fill more than 32 KiB of a 48 KiB L1. Timed on an AVX-512
+ * Xeon (one core, y streamed, x and y in its 260 MiB last-level cache): 256 x 2048 ran 0.82 of a copy chunked, 0.78
+ * with ROWS 1 blocks; 512 x 1024 0.78 chunked and 0.87-0.90 with ROWS 2 blocks from two parts of the matrix. */
+#define KF_BLOCKED_FLOATS 2048
+/* Floats per chunk of the chunked pipeline (4 KiB: two chunks of x and the scratch row's stretch stay in L1), a
+ * multiple of every STEP. Not ONLINE's CHUNK, which grows with UNROLL: with UNROLL 1 its 256-float chunks spent a
+ * tenth of the time on each chunk's horizontal max and sum (64 x 8192 from the last-level cache: 0.58 of a copy
+ * against 0.69 with 1024). */
+#define KF_ROW_CHUNK 1024
+/* Chunk c of a row in the chunked pipeline: columns [lo, hi), the first one ends KF_ROW_CHUNK floats after y's
+ * aligned head h so that every later chunk starts on a vector boundary of y; *from is where its vector steps
+ * start. */
+static inline void kf_chunk_span(int64_t c, int64_t h, int64_t cols, int64_t *lo, int64_t *from, int64_t *hi) {
+    *lo = c == 0 ? 0 : h + c * KF_ROW_CHUNK;
+    *from = c == 0 ? h : *lo;
+    *hi = h + (c + 1) * KF_ROW_CHUNK < cols ? h + (c + 1) * KF_ROW_CHUNK : cols;
+}
+
+/* One chunk of the chunked pipeline in one loop over its columns: the max of the next chunk xn[0, nlen) (read
+ * from memory: this row's next chunk or the next row's first), this row's exponentials exp(xr - m) over [lo, hi)
+ * into the scratch row e (cur), whose previous contents, the row before's exponentials of the same columns, are
+ * first written to yp scaled by g (prev; streamed where `aligned`). Returns the next chunk's max and the sum of
+ * this chunk's exponentials in *s. cur and prev are constants where the caller inlines the steady state. */
+static inline __attribute__((always_inline)) float kf_chunk(int cur, int prev, int aligned, const float *restrict xn,
+                                                            int64_t nlen, const float *restrict xr, float *restrict e,
+                                                            float *restrict yp, int64_t lo, int64_t from, int64_t hi,
+                                                            float m, float g, float *s) {
+    float mx = nlen > 0 ? xn[0] : 0.0f, sm = 0.0f;
+/* One column of this chunk in scalar code (before y's aligned head, and the tail). */
+#define KF_CHUNK_COLUMN(i)                                                                                    \
+    do {                                                                                                      \
+        if (prev) yp[i] = e[i] * g;                                                                           \
+        if (cur) {                                                                                            \
+            const float v_ = KF_EXP1(xr[i] - m);                                                              \
+            e[i] = v_;                                                                                        \
+            sm += v_;                                                                                         \
+        }                                                                                                     \
+    } while (0)
+/* One vector of this chunk: the row before's exponentials out (read before they are overwritten), this row's in. */
+#define KF_CHUNK_STEP(i, acc, W)                                                                              \
+    do {                                                                                                      \
+        if (prev) W(yp + (i), KF_LOAD(e + (i)) * vg);                                                         \
+        if (cur) {                                                                                            \
+            const kf_v v_ = kf_exp(KF_LOAD(xr + (i)) - vm);                                                   \
+            KF_STORE(e + (i), v_);                                                                            \
+            acc += v_;                                                                                        \
+        }                                                                                                     \
+    } while (0)
+    for (int64_t i = lo; i < from; i++) KF_CHUNK_COLUMN(i);
+    const kf_v vm = KF_SPLAT(m), vg = KF_SPLAT(g);
+    kf_v am[UNROLL], as[UNROLL];
+    for (int u = 0; u < UNROLL; u++) {
+        am[u] = KF_SPLAT(mx);
+        as[u] = KF_SPLAT(0.0f);
+    }
+    /* Whole steps of both chunks together, then whatever is left of either. */
+    const int64_t steps = (hi - from) / STEP * STEP, next_steps = nlen / STEP * STEP;
+    const int64_t both = steps < next_steps ? steps : next_steps;
+    int64_t t = 0;
+    if (aligned) {
+        for (; t < both; t += STEP) {
+            KF_PREFETCH_STEP(xn + t);
+            for (int u = 0; u < UNROLL; u++) {
+                am[u] = kf_max(am[u], KF_LOAD(xn + t + u * LANES));
+                KF_CHUNK_STEP(from + t + u * LANES, as[u], KF_PUT);
+            }
+        }
+        for (; t < steps; t += STEP)
+            for (int u = 0; u < UNROLL; u++) KF_CHUNK_STEP(from + t + u * LANES, as[u], KF_PUT);
+    } else {
+        for (; t < both; t += STEP) {
+            KF_PREFETCH_STEP(xn + t);
+            for (int u = 0; u < UNROLL; u++) {
+                am[u] = kf_max(am[u], KF_LOAD(xn + t + u * LANES));
+                KF_CHUNK_STEP(from + t + u * LANES, as[u], KF_STORE);
+            }
+        }
+        for (; t < steps; t += STEP)
+            for (int u = 0; u < UNROLL; u++) KF_CHUNK_STEP(from + t + u * LANES, as[u], KF_STORE);
+    }
+    for (int64_t k = both; k < next_steps; k += STEP) {
+        KF_PREFETCH_STEP(xn + k);
+        for (int u = 0; u < UNROLL; u++) am[u] = kf_max(am[u], KF_LOAD(xn + k + u * LANES));
+    }
+    int64_t i = from + steps;
+    /* Short chunks (the last of a row) end in whole vectors too: a scalar exp costs as much as a vector one. */
+    if (aligned)
+        for (; i + LANES <= hi; i += LANES) KF_CHUNK_STEP(i, as[0], KF_PUT);
+    else
+        for (; i + LANES <= hi; i += LANES) KF_CHUNK_STEP(i, as[0], KF_STORE);
+    for (; i < hi; i++) KF_CHUNK_COLUMN(i);
+#undef KF_CHUNK_STEP
+#undef KF_CHUNK_COLUMN
+    for (int u = 0; u < UNROLL; u++) {
+        const float a = kf_hmax(am[u]);
+        mx = a > mx ? a : mx;
+    }
+    for (int64_t k = next_steps; k < nlen; k++) mx = xn[k] > mx ? xn[k] : mx;
+    kf_v total = as[0];
+    for (int u = 1; u < UNROLL; u++) total += as[u];
+    *s = sm + kf_hsum(total);
+    return mx;
+}
+
+/* Softmax by the three-stage pipeline over chunks of rows, one scratch row (PIPE 3 on long rows). */
+static void kf_chunked(const float *x, float *y, int64_t rows, int64_t cols) {
+    /* Iteration r reduces row r chunk by chunk and writes row r - 1 from the scratch row as it goes: r = 0 only
+     * reduces, r = rows only writes. Each chunk's max is taken while the chunk before it is reduced. */
+    const int aligned = (cols % LANES) == 0; /* every row of y then starts at the same offset from a vector */
+    const int64_t h = aligned ? kf_head(y, cols) : 0;
+    const int64_t chunks = cols > h ? (cols - h + KF_ROW_CHUNK - 1) / KF_ROW_CHUNK : 1;
+    /* The scratch row, then per chunk: its max and sum in the row being reduced, its factor in the row being
+     * written. */
+    float *scratch = malloc((size_t)(cols + 3 * chunks) * sizeof(float));
+    if (scratch == NULL) return; /* out of memory: y stays unwritten and the harness says incorrect */
+    float *chunk = scratch + cols;
+    float *cmax = chunk, *csum = chunk + chunks, *cfac = chunk + 2 * chunks;
+    int64_t lo, from, hi;
+    kf_chunk_span(0, h, cols, &lo, &from, &hi);
+    float m = max_range(x, 0, hi, x[0]);
+    for (int64_t r = 0; r <= rows; r++) {
+        const int cur = r < rows, prev = r > 0;
+        const float *xr = x + (cur ? r : 0) * cols;
+        float *yp = y + (prev ? r - 1 : 0) * cols;
+        for (int64_t c = 0; c < chunks; c++) {
+            kf_chunk_span(c, h, cols, &lo, &from, &hi);
+            /* The next chunk: this row's, or the next row's first. */
+            const float *xn = xr;
+            int64_t nlen = 0;
+            if (cur && c + 1 < chunks) {
+                int64_t nlo, nfrom, nhi;
+                kf_chunk_span(c + 1, h, cols, &nlo, &nfrom, &nhi);
+                xn = xr + nlo;
+                nlen = nhi - nlo;
+            } else if (cur && r + 1 < rows) {
+                int64_t nlo, nfrom, nhi;
+                kf_chunk_span(0, h, cols, &nlo, &nfrom, &nhi);
+                xn = xr + cols;
+                nlen = nhi;
+            }
+            float s = 0.0f;
+            const float mc = m;
+            if (cur && prev && aligned)
+                m = kf_chunk(1, 1, 1, xn, nlen, xr, scratch, yp, lo, from, hi, mc, cfac[c], &s);
+            else
+                m = kf_chunk(cur, prev, aligned, xn, nlen, xr, scratch, yp, lo, from, hi, mc, prev ? cfac[c] : 0.0f,
+                             &s);
+            if (cur) {
+                cmax[c] = mc;
+                csum[c] = s;
+            }
+        }
+        if (cur) { /* the row's max and sum from its chunks', and each chunk's factor for writing it */
+            float big = cmax[0];
+            for (int64_t c = 1; c < chunks; c++) big = cmax[c] > big ? cmax[c] : big;
+            float total = 0.0f;
+            for (int64_t c = 0; c < chunks; c++) {
+                cfac[c] = KF_EXP1(cmax[c] - big);
+                total += csum[c] * cfac[c];
+            }
+            const float inv = 1.0f / total;
+            for (int64_t c = 0; c < chunks; c++) cfac[c] *= inv;
+        }
+    }
+    free(scratch);
+}
+#endif
+
+void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    if (cols <= 0 || rows <= 0) return;
+    float *scratch = NULL;
+#if KEEP && PIPE < 2
+    /* The exponentials of the row being reduced (stays in cache for the rows the benchmark uses); PIPE 2 and 3
+     * keep them in scratch rows of their own. */
+    scratch = malloc((size_t)cols * sizeof(float));
+    if (scratch == NULL) return; /* out of memory: y stays unwritten and the harness says incorrect */
+#endif
+#if ONLINE && KF_STASH && PIPE < 2
+    /* Per chunk: the max in force when its exponentials were stored, then its final factor. */
+    float *chunk_max = malloc((size_t)(cols / CHUNK + 2) * sizeof(float));
+    if (chunk_max == NULL) {
+        free(scratch);
+        return;
+    }
+#endif
+#if PIPE == 3
+    /* Blocks of ROWS rows where 4 x ROWS rows fit L1 (see KF_BLOCKED_FLOATS); longer rows in chunks, with one
+     * scratch row. */
+    if ((int64_t)ROWS * cols > KF_BLOCKED_FLOATS)
+        kf_chunked(x, y, rows, cols);
+    else
+        kf_blocked(x, y, rows, cols);
+#elif PIPE == 2
+    kf_blocked(x, y, rows, cols);
 #elif PIPE
     /* Row 0's max alone; then each row's sum, and its write fused with the next row's max. */
     float m = max_range(x, 0, cols, x[0]);
@@ -586,7 +776,7 @@ void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
 #endif
     }
 #endif
-#if ONLINE && KF_STASH
+#if ONLINE && KF_STASH && PIPE < 2
     free(chunk_max);
 #endif
     free(scratch);
