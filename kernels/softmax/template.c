@@ -534,9 +534,9 @@ static void kf_blocked(const float *x, float *y, int64_t rows, int64_t cols) {
  * with ROWS 1 blocks; 512 x 1024 0.78 chunked and 0.87-0.90 with ROWS 2 blocks from two parts of the matrix. */
 #define KF_BLOCKED_FLOATS 2048
 /* Floats per chunk of the chunked pipeline (4 KiB: two chunks of x and the scratch row's stretch stay in L1), a
- * multiple of every STEP. Not ONLINE's CHUNK, which grows with UNROLL: with UNROLL 1 its 256-float chunks spent a
- * tenth of the time on each chunk's horizontal max and sum (64 x 8192 from the last-level cache: 0.58 of a copy
- * against 0.69 with 1024). */
+ * multiple of every STEP. Not ONLINE's CHUNK, which grows with UNROLL: with UNROLL 1 its chunks are 256 floats, and
+ * every chunk ends in a horizontal max and sum (64 x 8192 from the last-level cache with UNROLL 1: 0.58 of a copy in
+ * chunks of 256 floats, 0.71 in chunks of 1024). */
 #define KF_ROW_CHUNK 1024
 /* Chunk c of a row in the chunked pipeline: columns [lo, hi), the first one ends KF_ROW_CHUNK floats after y's
  * aligned head h so that every later chunk starts on a vector boundary of y; *from is where its vector steps
