@@ -55,9 +55,10 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "PF": [0, 1024],
     "ALIGN": [0, 1],
     "PIPE": [0, 1, 2, 3],
-    # Rows per block of the PIPE 2 pipeline (named as in rmsnorm's template, whose ROWS interleaves rows too).
+    # Rows per block of the PIPE 2 pipeline and of PIPE 3 on short rows (named as in rmsnorm's template, whose ROWS
+    # interleaves rows too).
     "ROWS": [1, 2, 4, 8],
-    # A PIPE 2 block's rows adjacent (0) or each from its own part of the matrix (1): memory streams in flight.
+    # A PIPE 2 (or 3) block's rows adjacent (0) or each from its own part of the matrix (1): memory streams in flight.
     "SPLIT": [0, 1],
 }
 
