@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lessons_fixtures import TARGET, SyntheticSearch, record_random_search
+from lessons_fixtures import TARGET, SyntheticSearch, record_random_search, softmax_failure
 
 from engine.evidence import lessons as lessons_module
 from engine.evidence.events import NewEvent
@@ -48,8 +48,16 @@ async def view_rows(store: EventStore) -> dict[str, list[dict[str, Any]]]:
 
 
 async def test_incremental_catch_up_equals_rebuild_from_zero(store: EventStore) -> None:
+    drawn = Counter[str]()
+
+    def every_third_fails(params: dict[str, Any]) -> str | None:
+        # A failure however the template space's random draws fall (a draw of softmax's space can miss every
+        # setting softmax_failure fails), so the failure view is never compared empty against empty.
+        drawn["candidates"] += 1
+        return "compile_error" if drawn["candidates"] % 3 == 1 else softmax_failure(params)
+
     # Three searches, caught up after each and in small pages, so page boundaries fall everywhere.
-    await record_random_search(store, "s1", "softmax", seed=1, generations=3)
+    await record_random_search(store, "s1", "softmax", seed=1, generations=3, failure=every_third_fails)
     await catch_up_lessons(store, page_size=7)
     await record_random_search(store, "s2", "softmax", seed=2, generations=2, record_family=False)
     await catch_up_lessons(store, page_size=3)
