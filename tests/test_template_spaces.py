@@ -179,6 +179,18 @@ def test_space_is_large_and_every_value_is_reachable(name: str) -> None:
         assert used == set(values), f"{name}: {param} values {set(values) - used} are excluded everywhere"
 
 
+def _template_kernel(problem: Problem, params: dict[str, Any], cache: Path, arguments: int) -> Any:
+    """``problem``'s template at ``params`` compiled and loaded: its entry point, taking ``arguments`` pointers and
+    then the two sizes. Our own template, not a candidate: loading it here, outside the sandbox, is safe."""
+    assert problem.template_allows(params)
+    compiled = compile_source(problem, problem.render_template(params), cache_dir=cache)
+    assert compiled.artifact_id is not None, compiled.first_error
+    function = getattr(ctypes.CDLL(str(artifact_path(compiled.artifact_id, cache))), problem.entry)
+    function.argtypes = [ctypes.c_void_p] * arguments + [ctypes.c_int64] * 2
+    function.restype = None
+    return function
+
+
 def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) -> None:
     """Validation draws a few thousand z; the cheapest erf and exp polynomials are checked on a dense grid of
     z across the whole range where gelu is neither z nor 0, plus the cancellation tail (z < -3), and the
@@ -203,13 +215,7 @@ def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) 
         base | {"ERF": "table", "DEG": 14, "EXP": "inline4"},
         base | {"ERF": "table", "DEG": 14, "EXP": "inline4", "VEC": 256, "ROWS": 4},
     ):
-        assert problem.template_allows(params)
-        compiled = compile_source(problem, problem.render_template(params), cache_dir=tmp_path)
-        assert compiled.artifact_id is not None, compiled.first_error
-        # Our own template, not a candidate: loading it here, outside the sandbox, is safe.
-        function = getattr(ctypes.CDLL(str(artifact_path(compiled.artifact_id, tmp_path))), problem.entry)
-        function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
-        function.restype = None
+        function = _template_kernel(problem, params, tmp_path, arguments=3)
         y = np.full_like(x, np.nan)
         function(x.ctypes.data, b.ctypes.data, y.ctypes.data, shape["rows"], cols)
         worst = float(np.max(np.abs(y - expected) / (atol + rtol * np.abs(expected))))
@@ -243,13 +249,7 @@ def test_softmax_chunks_are_combined_into_the_rows_max_and_sum(tmp_path: Path) -
         base | {"VEC": 256, "UNROLL": 2, "ALIGN": 0, "NT": 0},
         base | {"VEC": 512, "UNROLL": 4, "ALIGN": 1, "NT": 0, "ROWS": 2, "SPLIT": 1},
     ):
-        assert problem.template_allows(params)
-        compiled = compile_source(problem, problem.render_template(params), cache_dir=tmp_path)
-        assert compiled.artifact_id is not None, compiled.first_error
-        # Our own template, not a candidate: loading it here, outside the sandbox, is safe.
-        function = getattr(ctypes.CDLL(str(artifact_path(compiled.artifact_id, tmp_path))), problem.entry)
-        function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
-        function.restype = None
+        function = _template_kernel(problem, params, tmp_path, arguments=2)
         for rows in (6, 1):
             y = np.full_like(x, np.nan)
             function(x.ctypes.data, y.ctypes.data, rows, cols)
