@@ -592,7 +592,7 @@ def climb_setting(
     return best, tried
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--aa-runs", type=int, default=24, help="A/A runs (at least 20 for the coverage figure)")
@@ -612,9 +612,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="benchmarks of each best setting (for the spread)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sweep's draws and of the benchmarks")
     parser.add_argument(
-        "--problems", nargs="+", metavar="NAME", help="with --roofline-only: only these built-in problems"
+        "--problems",
+        nargs="+",
+        metavar="NAME",
+        help="with --roofline-only: only these built-in problems (space- or comma-separated, as the other benchmarks "
+        "take them)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.problems:
+        args.problems = [name for names in args.problems for name in names.split(",") if name]
     unknown = sorted(set(args.problems or ()) - set(builtin_problems("cpu")))
     if unknown:
         parser.error(
