@@ -110,7 +110,7 @@ from engine.proposers.random_template import template_space
 # (32 pairs of x and y, 128 MiB in a 260 MiB cache, timed outside the harness) 64x8192 ran 0.74 of a copy chunked,
 # 0.60 in blocks. Later, one knob at a time against this setting, one kf evaluate run each (budget 4) on the same VM:
 # none was faster. PF 256 0.93x, 512 0.96x, 2048 0.98x, 4096 0.90x (64x8192 0.85x), though timed outside the harness
-# (400 MiB of rotating buffers) PF 2048 ran 2048x256 at 0.84-0.87 of a copy against 0.71-0.81 with 1024; PIPE 2
+# (400 MiB of rotating buffers) PF 2048 ran 2048x256 at 0.76-0.87 of a copy against 0.71-0.81 with 1024; PIPE 2
 # ONLINE 0 UNROLL 4 (the recorded landscape's optimum) 1.01x [0.99, 1.03], the same with ROWS 4 0.90x, ROWS 8
 # UNROLL 2 0.64x; NT 0 0.48x; PIPE 3's chunks of 512 floats 0.94x, of 2048 0.97x.
 BEST_KNOWN: dict[str, dict[str, Any]] = {
