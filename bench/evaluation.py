@@ -623,8 +623,11 @@ def main(argv: list[str] | None = None) -> int:
         "take them)",
     )
     args = parser.parse_args(argv)
-    if args.problems:
+    if args.problems is not None:
         args.problems = [name for names in args.problems for name in names.split(",") if name]
+        if not args.problems:
+            # Commas alone would otherwise read as no list at all, and every problem would be measured.
+            parser.error(f"--problems: no problem named; choose from {', '.join(builtin_problems('cpu'))}")
     unknown = sorted(set(args.problems or ()) - set(builtin_problems("cpu")))
     if unknown:
         parser.error(

@@ -27,3 +27,15 @@ def test_problems_are_read_space_or_comma_separated_and_unknown_ones_refused(
     # Only the unknown name is named: "softmax" was read as a problem of its own, not as part of one long name.
     assert "no built-in CPU problem named no_such_problem;" in err
     assert "choose from add_rmsnorm, bias_gelu" in err
+
+
+def test_a_problem_list_of_commas_alone_is_refused_rather_than_read_as_every_problem(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import evaluation
+
+    with pytest.raises(SystemExit) as stopped:
+        evaluation.main(["--roofline-only", "--problems", ",", ","])
+    assert stopped.value.code == 2
+    assert "--problems: no problem named; choose from add_rmsnorm" in capsys.readouterr().err
