@@ -115,6 +115,32 @@ def test_exploits_the_incumbents_neighbourhood() -> None:
     assert "exploit" in picks[1].rationale
 
 
+def test_where_nothing_is_one_or_two_changes_away_it_exploits_the_nearest_settings_the_space_holds(
+    monkeypatch: Any,
+) -> None:
+    # A sparse space (a replay's sample, a template whose rules thin it out): no setting within two changes of the
+    # incumbent, a few at three, the rest four to six away.
+    monkeypatch.setattr(search_proposer, "NEIGHBOURS_AT_LEAST", 4)
+    params = {"ACC": 4, "ROWS": 2, "SIMD": 0, "FUSED": 1, "VEC": 256, "NT": 0}
+    full = template_space(problem_of("rmsnorm"))
+
+    def distance(setting: dict[str, Any]) -> int:
+        return sum(setting[k] != v for k, v in params.items())
+
+    by_distance = Counter(distance(s) for s in full)
+    nearest = [s for s in full if distance(s) == 3][:5]
+    allowed = [params, *nearest, *(s for s in full if distance(s) >= 4)]
+    problem = fixed_space(load_problem("rmsnorm"), SPACES["rmsnorm"], allowed)
+    incumbent = template_candidate(problem, params, None, proposer="search")
+    assert by_distance[4] + by_distance[5] + by_distance[6] > 50  # far settings outnumber the near ones
+    for seed in range(5):
+        picks = SearchProposer().propose(problem, context(1, seed, incumbent=incumbent))
+        # The first exploiting pick is one of the five three changes away, not a far one. (The next may look
+        # anywhere: none of the five tries the values left untried, see the covering phase.)
+        assert distance(picks[1].params) == 3, [p.rationale for p in picks]
+        assert picks[1].rationale.startswith("exploit: the incumbent with"), picks[1].rationale
+
+
 def measured(problem: str, speed: Callable[[dict[str, Any]], float], every: int = 1) -> list[dict[str, Any]]:
     """Lessons.settings rows for every ``every``-th setting of the problem's space, measured at ``speed``."""
     space = template_space(problem_of(problem))
