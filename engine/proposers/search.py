@@ -87,7 +87,7 @@ of 96 to 6,312), mean score over the problems at budgets 8/16/32 (0 = random sea
 the stand-ins and with them: seeds 0-59 0.38/0.56/0.83 and 0.43/0.62/0.84; seeds 1000-1059 0.40/0.58/0.87 and
 0.42/0.63/0.86; seeds 2000-2099 0.41/0.59/0.88 and 0.42/0.63/0.88. Matmul at 16 rose on every set (0.48, 0.38,
 0.56 to 0.76, 0.67, 0.78), softmax too (0.09, 0.14, 0.05 to 0.21, 0.26, 0.20); the other problems moved within
-their intervals. 16 scored as well on the first set and not on the second (0.64 and 0.59 at 16)."""
+their intervals. Sixteen stand-ins scored as well on the first set and not on the second (0.64 and 0.59 at 16)."""
 
 EXPLOIT_PERIOD = 4
 """One evaluation in this many takes the best setting under the posterior mean; the others take upper bounds. A share
