@@ -103,6 +103,15 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
             "SPLIT": 1,
         },
     ],
+    # Packed panels: a block's last columns padded with zeros (n = 1, 3, 5, 33, 65, 130 and 300 leave columns over at
+    # NR 16 and 64), rows left over (MR 6: 37, 17, 257 rows), all of b packed, and a packed as well, in both loop
+    # orders and with k split in blocks (1000 and 257 at KB 64).
+    "matmul": [
+        {"MB": 64, "NB": 256, "KB": 256, "MR": 4, "NR": 64, "ORDER": "ikj", "VEC": 512, "PACK": 1},
+        {"MB": 16, "NB": 64, "KB": 64, "MR": 6, "NR": 16, "ORDER": "kij", "VEC": 256, "PACK": 1},
+        {"MB": 32, "NB": 128, "KB": 64, "MR": 6, "NR": 64, "ORDER": "ikj", "VEC": 512, "PACK": 2},
+        {"MB": 16, "NB": 64, "KB": 64, "MR": 6, "NR": 16, "ORDER": "kij", "VEC": 256, "PACK": 3},
+    ],
     "add_rmsnorm": [
         {**_ROW_PIPE, "PFL": 1, "VEC": 256, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 2, "SPLIT": 0},
         {**_ROW_PIPE, "PFL": 1, "VEC": 512, "ACC": 4, "NT": 1, "ALIGN": 1, "SHORT": 0, "SPLIT": 1},

@@ -56,6 +56,9 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "NR": [16, 32, 64],
     "ORDER": ["ikj", "kij"],
     "VEC": [256, 512],
+    # What the micro-kernel reads from copies (template.c): 0 nothing, 1 the last columns of a block, fewer than NR,
+    # zero-padded, so they run the micro-kernel too; 2 all of b's block, as panels; 3 a's block as well.
+    "PACK": [0, 1, 2, 3],
 }
 
 
