@@ -7,8 +7,8 @@
  *   PACK        how the micro-kernel gets its operands: 0: it reads a and b where they are, and the columns and
  *               rows a whole tile does not cover take a plain loop (edge). 1: the same for whole tiles, but a
  *               block's last columns, fewer than NR, are copied into one zero-padded panel ([k][NR], 64-byte
- *               aligned) and run the micro-kernel on a copy of their corner of c (on shapes whose n is not a
- *               multiple of NR, the plain loop was half of the time). 2: every panel of b's block is copied
+ *               aligned) and run the micro-kernel on a copy of their corner of c (where NR does not divide n,
+ *               the plain loop took about half of the time: 192x96x160 at NR 64). 2: every panel of b's block is copied
  *               ([panel][k][NR]), so the micro-kernel walks b with unit stride instead of n floats apart (a
  *               stride of a power of two sends a panel's rows to a few L1 sets, which evict each other); the
  *               copy is an extra pass over b per block of a's rows. 3: a's block as well, as MR-row panels
@@ -40,21 +40,23 @@ typedef float vf __attribute__((vector_size(VEC / 8), aligned(4)));
 
 static inline int64_t kf_min(int64_t x, int64_t y) { return x < y ? x : y; }
 
-/* c[i:i+MR, j:j+NR] += a[i:i+MR, l0:l1] . b[l0:l1, j:j+NR], with the c tile in registers. */
-static inline void tile(const float *a, const float *b, float *c, int64_t n, int64_t k, int64_t i, int64_t j,
-                        int64_t l0, int64_t l1) {
+/* c[0:MR, 0:NR] += a[0:MR, 0:len] . b[0:len, 0:NR], with the c tile in registers. Where each operand lies is
+ * given by strides, so one micro-kernel serves them in place and packed: a's element (r, l) is a[r * a_row + l *
+ * a_step], b's row l starts at b + l * b_row, c's row r at c + r * c_row. */
+static inline void tile(const float *a, int64_t a_row, int64_t a_step, const float *b, int64_t b_row, float *c,
+                        int64_t c_row, int64_t len) {
     vf acc[MR][NV];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) acc[r][v] = *(const vf *)(c + (i + r) * n + j + v * LANES);
-    for (int64_t l = l0; l < l1; l++) {
+        for (int v = 0; v < NV; v++) acc[r][v] = *(const vf *)(c + r * c_row + v * LANES);
+    for (int64_t l = 0; l < len; l++) {
         vf bv[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) bv[v] = *(const vf *)(b + l * n + j + v * LANES);
+        for (int v = 0; v < NV; v++) bv[v] = *(const vf *)(b + l * b_row + v * LANES);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            float ar = a[(i + r) * k + l];
+            float ar = a[r * a_row + l * a_step];
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[r][v] += ar * bv[v];
         }
@@ -62,10 +64,10 @@ static inline void tile(const float *a, const float *b, float *c, int64_t n, int
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) *(vf *)(c + (i + r) * n + j + v * LANES) = acc[r][v];
+        for (int v = 0; v < NV; v++) *(vf *)(c + r * c_row + v * LANES) = acc[r][v];
 }
 
-/* The same update for a partial tile at the block's edge, row by row. */
+/* The same update for a partial tile at the block's edge, row by row, from a and b in place. */
 static inline void edge(const float *a, const float *b, float *c, int64_t n, int64_t k, int64_t i0,
                         int64_t i1, int64_t j0, int64_t j1, int64_t l0, int64_t l1) {
     for (int64_t i = i0; i < i1; i++)
@@ -76,60 +78,15 @@ static inline void edge(const float *a, const float *b, float *c, int64_t n, int
         }
 }
 
+/* c[i0:i1, j0:j1] += a[i0:i1, l0:l1] . b[l0:l1, j0:j1]. bp (ap), when not NULL, is where PACK copies b's (a's)
+ * panels first; a tile whose operands are all whole runs the micro-kernel, so does a partial one whose missing
+ * rows and columns are zeros in a packed panel (on a zero-padded copy of its corner of c), and the rest takes the
+ * plain loop. */
 static void block(const float *a, const float *b, float *c, int64_t n, int64_t k, int64_t i0, int64_t i1,
-                  int64_t j0, int64_t j1, int64_t l0, int64_t l1) {
-    int64_t i = i0;
-    for (; i + MR <= i1; i += MR) {
-        int64_t j = j0;
-        for (; j + NR <= j1; j += NR) tile(a, b, c, n, k, i, j, l0, l1);
-        if (j < j1) edge(a, b, c, n, k, i, i + MR, j, j1, l0, l1);
-    }
-    if (i < i1) edge(a, b, c, n, k, i, i1, j0, j1, l0, l1);
-}
-
-#if PACK
-/* A vector at its own alignment: packed panels start on 64 bytes and hold rows of NR floats. */
-typedef float vfa __attribute__((vector_size(VEC / 8)));
-#if PACK == 3
-/* Row r of a's panel at step l: packed, MR values per step side by side (lda unused). */
-#define A_AT(ap, lda, r, l) ((ap)[(l) * MR + (r)])
-#else
-#define A_AT(ap, lda, r, l) ((ap)[(r) * (lda) + (l)])
-#endif
-
-/* ct[0:MR, 0:NR] (rows ldc apart) += a's MR rows . b's packed panel ([len][NR]) over len steps. */
-static inline void tile_packed(const float *ap, int64_t lda, const float *bp, float *ct, int64_t ldc, int64_t len) {
-    (void)lda;
-    vf acc[MR][NV];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) acc[r][v] = *(const vf *)(ct + r * ldc + v * LANES);
-    for (int64_t l = 0; l < len; l++) {
-        vf bv[NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) bv[v] = *(const vfa *)(bp + l * NR + v * LANES);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; r++) {
-            float ar = A_AT(ap, lda, r, l);
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; v++) acc[r][v] += ar * bv[v];
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) *(vf *)(ct + r * ldc + v * LANES) = acc[r][v];
-}
-
-/* block() with packed panels of b (PACK 1: only the last, partial one; 2 and 3: all) and with PACK 3 of a: every
- * tile, whole or not, through a micro-kernel (a partial one on a zero-padded copy of its corner of c), except with
- * PACK 1 and 2 the rows a whole tile does not cover (a's rows past i1 do not exist), which take the plain loop. */
-static void block_packed(const float *a, const float *b, float *c, int64_t n, int64_t k, int64_t i0, int64_t i1,
-                         int64_t j0, int64_t j1, int64_t l0, int64_t l1, float *bp, float *ap) {
+                  int64_t j0, int64_t j1, int64_t l0, int64_t l1, float *bp, float *ap) {
     const int64_t len = l1 - l0;
-    const int64_t whole = (j1 - j0) / NR; /* panels of NR columns; a partial one follows when NR does not divide */
-    for (int64_t p = PACK == 1 ? whole : 0; j0 + p * NR < j1; p++) {
+    /* b's panels of NR columns, a partial one last where NR does not divide j1 - j0; PACK 1 packs only that one */
+    for (int64_t p = PACK == 1 ? (j1 - j0) / NR : 0; bp != NULL && j0 + p * NR < j1; p++) {
         const int64_t j = j0 + p * NR;
         const int64_t w = kf_min(NR, j1 - j);
         float *dst = bp + (PACK == 1 ? 0 : p * len * NR);
@@ -137,92 +94,66 @@ static void block_packed(const float *a, const float *b, float *c, int64_t n, in
             const float *src = b + (l0 + l) * n + j;
             if (w == NR) {
 #pragma GCC unroll 8
-                for (int v = 0; v < NV; v++) *(vfa *)(dst + l * NR + v * LANES) = *(const vf *)(src + v * LANES);
+                for (int v = 0; v < NV; v++) *(vf *)(dst + l * NR + v * LANES) = *(const vf *)(src + v * LANES);
             } else {
                 for (int64_t x = 0; x < NR; x++) dst[l * NR + x] = x < w ? src[x] : 0.0f;
             }
         }
     }
-#if PACK == 3
-    for (int64_t i = i0, q = 0; i < i1; i += MR, q++) {
+    for (int64_t i = i0, q = 0; ap != NULL && i < i1; i += MR, q++) {
         const int64_t h = kf_min(MR, i1 - i);
         float *dst = ap + q * len * MR;
         for (int64_t l = 0; l < len; l++)
             for (int r = 0; r < MR; r++) dst[l * MR + r] = r < h ? a[(i + r) * k + l0 + l] : 0.0f;
     }
-#else
-    (void)ap;
-#endif
-    for (int64_t i = i0, q = 0; i < i1; i += MR, q++) {
+    /* a's rows past i1 do not exist: unless a is packed, rows short of a whole tile take the plain loop */
+    const int64_t rows_end = ap != NULL ? i1 : i0 + (i1 - i0) / MR * MR;
+    for (int64_t i = i0, q = 0; i < rows_end; i += MR, q++) {
         const int64_t h = kf_min(MR, i1 - i);
-#if PACK == 3
-        const float *rows = ap + q * len * MR;
-        const int64_t lda = 0;
-#else
-        if (h < MR) {
-            edge(a, b, c, n, k, i, i1, j0, j1, l0, l1);
-            break;
-        }
-        const float *rows = a + i * k + l0;
-        const int64_t lda = k;
-#endif
+        const float *rows = ap != NULL ? ap + q * len * MR : a + i * k + l0;
+        const int64_t a_row = ap != NULL ? 1 : k, a_step = ap != NULL ? MR : 1;
         for (int64_t p = 0; j0 + p * NR < j1; p++) {
             const int64_t j = j0 + p * NR;
             const int64_t w = kf_min(NR, j1 - j);
-#if PACK == 1
-            if (w == NR) {
-                tile(a, b, c, n, k, i, j, l0, l1);
+            const int packed = bp != NULL && (PACK != 1 || w < NR);
+            if (!packed && w < NR) {
+                edge(a, b, c, n, k, i, i + h, j, j1, l0, l1);
                 continue;
             }
-            const float *panel = bp;
-#else
-            const float *panel = bp + p * len * NR;
-#endif
+            const float *panel = packed ? bp + (PACK == 1 ? 0 : p * len * NR) : b + l0 * n + j;
+            const int64_t b_row = packed ? NR : n;
             if (h == MR && w == NR) {
-                tile_packed(rows, lda, panel, c + i * n + j, n, len);
+                tile(rows, a_row, a_step, panel, b_row, c + i * n + j, n, len);
             } else {
-                float ct[MR * NR] __attribute__((aligned(64)));
+                float ct[MR * NR];
                 for (int r = 0; r < MR; r++)
                     for (int64_t x = 0; x < NR; x++) ct[r * NR + x] = r < h && x < w ? c[(i + r) * n + j + x] : 0.0f;
-                tile_packed(rows, lda, panel, ct, NR, len);
+                tile(rows, a_row, a_step, panel, b_row, ct, NR, len);
                 for (int r = 0; r < h; r++)
                     for (int64_t x = 0; x < w; x++) c[(i + r) * n + j + x] = ct[r * NR + x];
             }
         }
     }
+    if (rows_end < i1) edge(a, b, c, n, k, rows_end, i1, j0, j1, l0, l1);
 }
-#define KF_BLOCK(i0, i1, j0, j1, l0, l1)                                                                      \
-    do {                                                                                                      \
-        if (bp != NULL && (PACK < 3 || ap != NULL))                                                          \
-            block_packed(a, b, c, n, k, i0, i1, j0, j1, l0, l1, bp, ap);                                      \
-        else                                                                                                  \
-            block(a, b, c, n, k, i0, i1, j0, j1, l0, l1);                                                     \
-    } while (0)
-#else
-#define KF_BLOCK(i0, i1, j0, j1, l0, l1) block(a, b, c, n, k, i0, i1, j0, j1, l0, l1)
-#endif
 
 void matmul(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k) {
     memset(c, 0, (size_t)(m * n) * sizeof(float));
-#if PACK
-    /* NR divides NB, so a block's panels fill at most KB x NB floats (PACK 1: one panel, KB x NR); MB rows round up
-     * to whole MR-row panels. */
-    float *bp = aligned_alloc(64, (size_t)KB * (PACK == 1 ? NR : NB) * sizeof(float));
+    /* NR divides NB, so a block's panels of b fill at most KB x NB floats (PACK 1: one panel, KB x NR); MB rows
+     * round up to whole MR-row panels of a. Where an allocation fails, that operand is read in place. */
+    float *bp = PACK >= 1 ? aligned_alloc(64, (size_t)KB * (PACK == 1 ? NR : NB) * sizeof(float)) : NULL;
     float *ap = PACK == 3 ? aligned_alloc(64, (size_t)KB * ((MB + MR - 1) / MR) * MR * sizeof(float)) : NULL;
-#endif
 #if ORDER == KF_ORDER_ikj
     for (int64_t i0 = 0; i0 < m; i0 += MB)
         for (int64_t l0 = 0; l0 < k; l0 += KB)
             for (int64_t j0 = 0; j0 < n; j0 += NB)
-                KF_BLOCK(i0, kf_min(i0 + MB, m), j0, kf_min(j0 + NB, n), l0, kf_min(l0 + KB, k));
+                block(a, b, c, n, k, i0, kf_min(i0 + MB, m), j0, kf_min(j0 + NB, n), l0, kf_min(l0 + KB, k), bp, ap);
 #else
     for (int64_t l0 = 0; l0 < k; l0 += KB)
         for (int64_t i0 = 0; i0 < m; i0 += MB)
             for (int64_t j0 = 0; j0 < n; j0 += NB)
-                KF_BLOCK(i0, kf_min(i0 + MB, m), j0, kf_min(j0 + NB, n), l0, kf_min(l0 + KB, k));
+                block(a, b, c, n, k, i0, kf_min(i0 + MB, m), j0, kf_min(j0 + NB, n), l0, kf_min(l0 + KB, k), bp, ap);
 #endif
-#if PACK
     free(ap);
     free(bp);
-#endif
 }
