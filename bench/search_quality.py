@@ -25,7 +25,9 @@ against recorded landscapes, with Kernel Tuner's own strategies as the peer.
 3. Kernel Tuner's strategies (random_sample, genetic_algorithm, simulated_annealing, greedy_ils, bayes_opt,
    … per --kernel-tuner-strategies) search the same settings in its simulation mode, through a cache file
    exported from the landscape (engine/replay/kernel_tuner_cache.py): one per repetition, each setting's
-   time one recorded sample drawn at random, so they see the same noise as the proposers.
+   time one recorded sample drawn at random, so they see the same noise as the proposers. A strategy that
+   raises on some seeds (its own failure, e.g. greedy_ils on a sparse sample) gets no figure at that budget and
+   says so in kernel_tuner_failures: the seeds it survived would be a biased sample of it.
 
 Figures (engine/replay/scoring.py), with v(s) a setting's value on the landscape (the geometric mean of its
 recorded speedups over numpy) and best(b) = max(v(seed), max of v over the correct settings among the first
@@ -374,7 +376,10 @@ def replay_kernel_tuner(
 ) -> tuple[dict[int, list[list[float | None]]], list[str]]:
     """Per budget, the landscape values of each Kernel Tuner search (max_fevals = the budget; seeds from
     ``first_seed``), and the errors of the searches that raised (a strategy's own failure, e.g. on a sparse
-    sampled space: left out)."""
+    sampled space). A budget where any search raised keeps no searches, so it gets no score: the searches that
+    did not raise are those that happened to avoid what sank the others (greedy_ils raises where a setting has no
+    neighbour one change away in the sample), and two survivors of thirty once scored 0.98 where the strategy as
+    a whole has no figure."""
     runs: dict[int, list[list[float | None]]] = {}
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kf-kt-") as folder:
@@ -390,6 +395,8 @@ def replay_kernel_tuner(
                     errors.append(f"budget {budget} seed {seed}: {type(error).__name__}: {error}")
                     continue
                 runs[budget].append(kernel_tuner_peer.values_of(landscape, keys))
+            if len(runs[budget]) < repetitions:
+                runs[budget] = []
     return runs, errors
 
 
@@ -536,7 +543,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 strategy, landscape, args.kernel_tuner_repetitions, budgets, args.first_seed
             )
             if errors:
-                failures.setdefault(who, {})[name] = f"{len(errors)} searches raised, e.g. {errors[0][:200]}"
+                failures.setdefault(who, {})[name] = (
+                    f"{len(errors)} searches raised (no score at a budget where any did), e.g. {errors[0][:200]}"
+                )
             seconds.setdefault(who, {})[name] = (time.perf_counter() - began) / max(args.kernel_tuner_repetitions, 1)
             scored(who, name, landscape, by_budget)
             say(

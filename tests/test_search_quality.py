@@ -367,6 +367,29 @@ def test_kernel_tuner_runs_a_strategy_on_the_exported_cache(
     assert score(landscape, [found], 12) is not None
 
 
+def test_a_budget_where_some_kernel_tuner_searches_raised_gets_no_score(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("kernel_tuner")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import kernel_tuner_peer
+    import search_quality
+
+    real = kernel_tuner_peer.run_strategy
+
+    def sinks_on_odd_seeds(landscape: Landscape, strategy: str, evaluations: int, seed: int, *args: Any) -> list[str]:
+        # Kernel Tuner's own failure, as greedy_ils raises it on a sparse sample, at one budget only.
+        if evaluations == 8 and seed % 2:
+            raise TypeError("'NoneType' object is not iterable")
+        return real(landscape, strategy, evaluations, seed, *args)
+
+    monkeypatch.setattr(kernel_tuner_peer, "run_strategy", sinks_on_odd_seeds)
+    _, landscape = toy_landscape()
+    runs, errors = search_quality.replay_kernel_tuner("random_sample", landscape, 4, [8, 12])
+    # The two searches that did not raise at 8 would be scored as if they were the strategy: none are kept.
+    assert runs[8] == [] and score(landscape, runs[8], 8) is None
+    assert len(runs[12]) == 4 and score(landscape, runs[12], 12) is not None
+    assert len(errors) == 2 and all(e.startswith("budget 8 ") for e in errors)
+
+
 def _remeasured(problem: Problem, landscape: Landscape, seeds: range) -> int:
     """Over ``seeds``: evaluations of a warm search (16, after a cold one of 16 on the same lessons) that
     measured again a setting the cold search had measured."""
