@@ -118,7 +118,8 @@ from engine.proposers.random_template import template_space
 # 1.185x [1.160, 1.210], from 192x96x160 (96 columns: one panel of 64 and 32 left over) 1.98x, the other shapes
 # within 3%; PACK 2 (all of b packed) 1.11x (the copy cost 5-13% where nothing is left over), PACK 3 (a as well) the
 # same. Against PACK 1, one knob at a time: MR 6 0.88x, NR 32 with MR 6 0.88x, MB 128 1.01x [0.99, 1.03], KB 128 1.01x
-# [0.99, 1.03].
+# [0.99, 1.03]. The same PACK 1 against PACK 0 on a later host (AMD EPYC with AVX-512), three runs: 1.138x
+# [1.045, 1.239], 1.125x [1.035, 1.220], 1.136x [1.038, 1.231]; 192x96x160 1.63-1.67x, the other shapes 0.99-1.02x.
 BEST_KNOWN: dict[str, dict[str, Any]] = {
     "rmsnorm": {
         "VEC": 512,
