@@ -498,7 +498,7 @@ class SearchActivities:
             roofline_fraction=versus.roofline_fraction,
             method=versus.method,
             machine=self.machine(backend),
-            shared_cores=not versus.cpus_exclusive,
+            shared_cores=versus.shared_cores,
             summary=self._benchmark_summary(reports),
             engine_seconds=seconds,
         )

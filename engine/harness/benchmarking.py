@@ -49,6 +49,7 @@ from pydantic import BaseModel, Field
 from engine.errors import ProblemDefinitionError
 from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
+from engine.harness.contention import CoreWatch
 from engine.harness.driver import Contender, Failed
 from engine.harness.input_memo import memoized_inputs
 from engine.harness.machine import EXCLUSIVE_WAIT_S, MAX_POOL_BYTES, machine_limits
@@ -317,6 +318,8 @@ def benchmark_artifact(
         max(_bytes_of(problem, shape, ("in", "inout")) * n for (shape, _), (n, _, _) in zip(shapes, slots, strict=True))
     )
     contenders: list[Contender] = []
+    # Work from outside the benchmark on the leased CPUs while shapes are timed (a busy machine's reading).
+    cores = CoreWatch(lease.cpus, lambda: _workers_cpu_ns(contenders))
     labels = [r.label for r in references]
     state: dict[str, Any] = {"phase": "loading", "shape": {}}
     runner: TrialRunner | None = None
@@ -398,7 +401,9 @@ def benchmark_artifact(
                 if isinstance(reply, p.Failure):
                     raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
+            cores.start()
             rows, problem_seen = _time_shape(problem, timer, shape, distribution, call_timeout_s, kept)
+            cores.stop()
             del kept
             if problem_seen is not None:
                 return failed(Verdict.incorrect, problem_seen)
@@ -441,6 +446,7 @@ def benchmark_artifact(
         lease.release()
     common |= {
         "cpus_exclusive": lease.exclusive,
+        "foreign_cpu_share": cores.share(),
         "seconds": time.perf_counter() - started,
         "timed_seconds": timed_ns / 1e9,
         "handshake_share": max(handshake_shares) if handshake_shares else 0.0,
@@ -459,6 +465,17 @@ def benchmark_artifact(
         confidence,
         noise_floor,
     )
+
+
+def _workers_cpu_ns(contenders: Sequence[Contender]) -> int | None:
+    """The CPU time the contenders' workers have run, in nanoseconds; None where one's cannot be read."""
+    total = 0
+    for contender in contenders:
+        reading = contender.watch.cpu_time() if contender.watch is not None else None
+        if reading is None:
+            return None
+        total += reading.ran_ns
+    return total
 
 
 class SharedPool:

@@ -119,7 +119,12 @@ class NoiseFloor(BaseModel):
     runs: int = Field(description="A/A runs per problem.")
     budget_s: float = Field(description="Timing budget of each A/A run, seconds.")
     shapes: list[ShapeSpread] = Field(description="Per-shape log ratios and spreads the floor was derived from.")
-    cpus_exclusive: bool = Field(description="False when another sandbox shared the cores during some run.")
+    cpus_exclusive: bool = Field(
+        description=(
+            "False when another sandbox, or work from outside the benchmarks (a busy machine), shared the cores "
+            "during some run."
+        )
+    )
     load_average: float = Field(description="One-minute load average of the machine when the measurement began.")
     measured_at: datetime = Field(description="When the measurement finished (UTC).")
     seconds: float = Field(description="Wall-clock seconds the measurement took, compiles included.")
@@ -267,7 +272,7 @@ def _measure(key: str, threads: int, cache_dir: Path | None, isolation: str) -> 
                     f"noise calibration failed: the {problem.name} seed kernel against itself gave "
                     f"{report.verdict}: {report.message}"
                 )
-            exclusive = exclusive and report.cpus_exclusive
+            exclusive = exclusive and not report.shared_cores
             # With noise floor 0 the interval is the bootstrap's alone; as a standard deviation:
             z = NormalDist().inv_cdf((1 + report.confidence) / 2)
             for s, timing in enumerate(report.shapes):

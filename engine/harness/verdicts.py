@@ -30,6 +30,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from engine.hardware import HardwareFingerprint
+from engine.harness.contention import busy
 from engine.harness.cuda.ptxas import PtxasReport
 from engine.harness.screen import ScreenViolation
 
@@ -197,6 +198,14 @@ class BenchmarkReport(BaseModel):
     cpus_exclusive: bool = Field(
         default=True, description="False when another sandbox on this machine shared those cores during timing."
     )
+    foreign_cpu_share: float | None = Field(
+        default=None,
+        description=(
+            "Share of those cores' time, while shapes were timed, that went to work outside the benchmark (other "
+            "processes, the hypervisor's steal; engine/harness/contention.py); above FOREIGN_SHARE_BUSY the machine "
+            "was busy. None where it could not be read, and in reports recorded before the field existed."
+        ),
+    )
     revalidated: bool = Field(
         default=False, description="True when the candidate passed validation again after being timed."
     )
@@ -230,6 +239,12 @@ class BenchmarkReport(BaseModel):
             "HBM bandwidth, so this is the HBM roofline fraction; None where no bound was computed."
         ),
     )
+
+    @property
+    def shared_cores(self) -> bool:
+        """The timing shared its cores: with another sandbox of this machine's (the lease was not exclusive), or
+        with work from outside the benchmark (a busy machine, see engine/harness/contention.py)."""
+        return not self.cpus_exclusive or busy(self.foreign_cpu_share)
 
 
 class Evaluation(BaseModel):

@@ -1,0 +1,112 @@
+"""A reading taken while work from outside the benchmark ran on its cores says so (engine/harness/contention.py),
+and what reads it treats it as a busy machine's: kf evaluate's evidence."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.harness.contention import FOREIGN_SHARE_BUSY, TICK_S, CoreWatch, busy
+from engine.harness.evaluation import evaluate
+from engine.harness.machine import machine_limits
+from engine.harness.noise import machine_noise_floor
+from engine.harness.verdicts import Verdict
+from engine.problems import load_problem
+
+
+def _watch(cpus: list[int], busy_s: list[list[float]], own_ns: list[int | None], wall: list[float]) -> CoreWatch:
+    """A watch whose per-CPU counters, workers' CPU time and clock read the given values in turn."""
+    counters, owns, clock = iter(busy_s), iter(own_ns), iter(wall)
+    return CoreWatch(cpus, lambda: next(owns), counters=lambda _: next(counters), clock=lambda: next(clock))
+
+
+def test_the_foreign_share_is_what_the_cores_ran_beyond_the_benchmark() -> None:
+    # One leased CPU, one window of 1 s: the CPU ran 0.9 s, the benchmark's workers 0.4 s of it.
+    watch = _watch([1], [[10.0], [10.9]], [0, 400_000_000], [100.0, 101.0])
+    watch.start()
+    watch.stop()
+    share = watch.share()
+    # Less the two ticks each window allows for the counters' rounding (and this process's own CPU time).
+    assert share == pytest.approx(0.5 - 2 * TICK_S, abs=0.005)
+    assert busy(share)
+
+
+def test_a_core_that_ran_only_the_benchmark_is_quiet() -> None:
+    watch = _watch([0, 1], [[5.0, 7.0], [5.3, 7.5]], [0, 800_000_000], [0.0, 1.0])
+    watch.start()
+    watch.stop()
+    assert watch.share() == 0.0
+    assert not busy(watch.share())
+
+
+def test_windows_add_up_and_rounding_is_not_foreign_work() -> None:
+    # A quiet second, a second where a neighbour took 0.6 s, and half a second off by one tick of rounding.
+    watch = _watch(
+        [1],
+        [[0.0], [1.0], [1.0], [2.0], [2.0], [2.5 + TICK_S]],
+        [0, 1_000_000_000, 1_000_000_000, 1_400_000_000, 1_400_000_000, 1_900_000_000],
+        [0.0, 1.0, 1.0, 2.0, 2.0, 2.5],
+    )
+    for _ in range(3):
+        watch.start()
+        watch.stop()
+    share = watch.share()
+    assert share == pytest.approx((0.6 - 2 * TICK_S) / 2.5, abs=0.005)
+    assert busy(share)
+
+
+@pytest.mark.parametrize(
+    "busy_s, own_ns",
+    [
+        ([[1.0], None], [0, 10]),  # the counters do not cover the leased CPU
+        ([[1.0], [2.0]], [0, None]),  # a worker's CPU clock could not be read
+    ],
+)
+def test_what_cannot_be_read_is_unknown_not_quiet(busy_s: list[list[float] | None], own_ns: list[int | None]) -> None:
+    counters, owns = iter(busy_s), iter(own_ns)
+    watch = CoreWatch([1], lambda: next(owns), counters=lambda _: next(counters), clock=time.monotonic)
+    watch.start()
+    watch.stop()
+    assert watch.share() is None
+    assert not busy(None)
+
+
+def test_a_watch_with_no_window_knows_nothing() -> None:
+    assert CoreWatch([0], lambda: 0).share() is None
+
+
+@pytest.fixture
+def neighbours(tmp_path: Path) -> Iterator[None]:
+    """A process spinning on each CPU this test may use: the benchmark's leased core is never free. The machine's
+    bandwidth and noise floor are measured first (once per session), so no calibration is taken beside them."""
+    machine_limits(1, tmp_path)
+    machine_noise_floor(1, tmp_path)
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+        for cpu in sorted(os.sched_getaffinity(0))
+    ]
+    time.sleep(0.3)
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def test_a_benchmark_beside_a_spinning_neighbour_is_a_busy_machines_reading(tmp_path: Path, neighbours: None) -> None:
+    seed = load_problem("softmax").seed_source()
+    result = evaluate("softmax", seed, baseline="seed", budget_s=0.3, seeds=1, cache_dir=tmp_path)
+    assert result.verdict == Verdict.ok, result.evidence
+    report = result.benchmark
+    assert report is not None
+    # A runnable neighbour on the core takes a good share of it (about 0.3 on the development machine).
+    assert report.foreign_cpu_share is not None and report.foreign_cpu_share > FOREIGN_SHARE_BUSY, report
+    assert report.shared_cores
+    assert any("busy machine" in line and "other work" in line for line in result.evidence), result.evidence
