@@ -1,5 +1,5 @@
 """A reading taken while work from outside the benchmark ran on its cores says so (engine/harness/contention.py),
-and what reads it treats it as a busy machine's: kf evaluate's evidence."""
+and what reads it treats it as a busy machine's: kf evaluate's evidence, a recorded landscape's samples."""
 
 from __future__ import annotations
 
@@ -12,12 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from engine.evidence.store import EventStore
 from engine.harness.contention import FOREIGN_SHARE_BUSY, TICK_S, CoreWatch, busy
 from engine.harness.evaluation import evaluate
 from engine.harness.machine import machine_limits
 from engine.harness.noise import machine_noise_floor
 from engine.harness.verdicts import Verdict
 from engine.problems import load_problem
+from engine.replay import recording
+from engine.replay.landscape import (
+    LandscapeMeasured,
+    LandscapeRecorded,
+    LandscapeSample,
+    landscape_from_events,
+    stored_recordings,
+)
+from engine.replay.recording import RecordingPlan, record_landscape
 
 
 def _watch(cpus: list[int], busy_s: list[list[float]], own_ns: list[int | None], wall: list[float]) -> CoreWatch:
@@ -110,3 +120,62 @@ def test_a_benchmark_beside_a_spinning_neighbour_is_a_busy_machines_reading(tmp_
     assert report.foreign_cpu_share is not None and report.foreign_cpu_share > FOREIGN_SHARE_BUSY, report
     assert report.shared_cores
     assert any("busy machine" in line and "other work" in line for line in result.evidence), result.evidence
+
+
+def _measured(key: str, samples: list[LandscapeSample]) -> LandscapeMeasured:
+    return LandscapeMeasured(
+        recording="r1",
+        problem="softmax",
+        target="cpu-x",
+        fingerprint="f",
+        key=key,
+        params={"A": 1} if key != "seed" else {},
+        candidate_id=f"c-{key}",
+        verdict="ok",
+        samples=samples,
+        budget_s=0.2,
+    )
+
+
+def test_a_landscape_leaves_out_busy_samples_where_a_setting_has_quiet_ones() -> None:
+    quiet = LandscapeSample(speedup=2.0, ci_low=1.9, ci_high=2.1)
+    lucky = LandscapeSample(speedup=4.0, ci_low=3.0, ci_high=5.0, busy=True)
+    closing = LandscapeRecorded(
+        recording="r1",
+        problem="softmax",
+        target="cpu-x",
+        fingerprint="f",
+        space_size=2,
+        settings=2,
+        max_settings=None,
+        sample_seed=0,
+        repeats=2,
+        budget_s=0.2,
+        seconds=1.0,
+        method=1,
+    )
+    landscape = landscape_from_events(
+        [_measured("seed", [quiet]), _measured("A=1", [quiet, lucky]), _measured("A=2", [lucky])], closing
+    )
+    values = {s.key: s.value for s in landscape.settings}
+    # A=1 keeps its quiet reading alone; A=2 was only read busy, so that reading stands in.
+    assert values["A=1"] == pytest.approx(2.0)
+    assert values["A=2"] == pytest.approx(4.0)
+
+
+async def test_a_recording_times_a_busy_group_again_and_marks_what_stayed_busy(
+    store: EventStore, tmp_path: Path, neighbours: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One more try, after a short wait (each timing beside the neighbours takes seconds).
+    monkeypatch.setattr(recording, "BUSY_RETRIES", 1)
+    monkeypatch.setattr(recording, "BUSY_WAIT_S", 0.1)
+    said: list[str] = []
+    plan = RecordingPlan(problem="softmax", max_settings=1, repeats=1, budget_s=0.1)
+    landscape = await record_landscape(store, plan, cache_dir=tmp_path, progress=said.append)
+    # The neighbours spin throughout: the group (the seed and one setting) is timed again once, then kept, every
+    # sample marked busy.
+    assert sum("timing it again" in line for line in said) == 1, said
+    stored = await stored_recordings(store, "softmax", landscape.target)
+    measured = [p for p in stored.measured_in(landscape.recording).values() if p.verdict == "ok"]
+    assert len(measured) == 2 and all(s.busy for p in measured for s in p.samples), measured
+    assert any("(busy)" in line for line in said), said

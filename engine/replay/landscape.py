@@ -62,6 +62,10 @@ class LandscapeSample(BaseModel):
     """Lower end of its interval at the benchmark's confidence."""
     ci_high: float
     """Upper end of that interval."""
+    busy: bool = False
+    """Its benchmark shared its cores with other work, this project's or another's (BenchmarkReport.shared_cores),
+    after the recording's tries to time it on a quiet machine: kept, and left out of the setting's value and draws
+    where the setting has quiet samples. False in samples recorded before the field existed."""
 
 
 @event_type("landscape.measured")
@@ -236,7 +240,10 @@ def landscape_from_events(payloads: Sequence[LandscapeMeasured], closing: Landsc
     mine = {p.key: p for p in payloads if p.recording == closing.recording}
 
     def setting(p: LandscapeMeasured) -> Setting:
-        return Setting(p.key, dict(p.params), p.candidate_id, p.verdict, tuple(p.samples), p.failed_step, p.message)
+        # A busy machine's samples stand in only for a setting that has no quiet one.
+        quiet = tuple(s for s in p.samples if not s.busy)
+        samples = quiet or tuple(p.samples)
+        return Setting(p.key, dict(p.params), p.candidate_id, p.verdict, samples, p.failed_step, p.message)
 
     seed = mine.pop(SEED_KEY, None)
     return Landscape(
