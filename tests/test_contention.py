@@ -3,12 +3,14 @@ and what reads it treats it as a busy machine's: kf evaluate's evidence, a recor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,12 +93,9 @@ def test_a_watch_with_no_window_knows_nothing() -> None:
     assert CoreWatch([0], lambda: 0).share() is None
 
 
-@pytest.fixture
-def neighbours(tmp_path: Path) -> Iterator[None]:
-    """A process spinning on each CPU this test may use: the benchmark's leased core is never free. The machine's
-    bandwidth and noise floor are measured first (once per session), so no calibration is taken beside them."""
-    machine_limits(1, tmp_path)
-    machine_noise_floor(1, tmp_path)
+@contextlib.contextmanager
+def spinning_neighbours() -> Iterator[None]:
+    """A process spinning on each CPU this test may use: the benchmark's leased core is never free."""
     spinners = [
         subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
         for cpu in sorted(os.sched_getaffinity(0))
@@ -110,9 +109,18 @@ def neighbours(tmp_path: Path) -> Iterator[None]:
             spinner.wait()
 
 
-def test_a_benchmark_beside_a_spinning_neighbour_is_a_busy_machines_reading(tmp_path: Path, neighbours: None) -> None:
+@pytest.fixture
+def calibrated(tmp_path: Path) -> None:
+    """The machine's bandwidth and noise floor, measured (once per session) before any neighbour spins: no
+    calibration is taken beside them."""
+    machine_limits(1, tmp_path)
+    machine_noise_floor(1, tmp_path)
+
+
+def test_a_benchmark_beside_a_spinning_neighbour_is_a_busy_machines_reading(tmp_path: Path, calibrated: None) -> None:
     seed = load_problem("softmax").seed_source()
-    result = evaluate("softmax", seed, baseline="seed", budget_s=0.3, seeds=1, cache_dir=tmp_path)
+    with spinning_neighbours():
+        result = evaluate("softmax", seed, baseline="seed", budget_s=0.3, seeds=1, cache_dir=tmp_path)
     assert result.verdict == Verdict.ok, result.evidence
     report = result.benchmark
     assert report is not None
@@ -164,15 +172,23 @@ def test_a_landscape_leaves_out_busy_samples_where_a_setting_has_quiet_ones() ->
 
 
 async def test_a_recording_times_a_busy_group_again_and_marks_what_stayed_busy(
-    store: EventStore, tmp_path: Path, neighbours: None, monkeypatch: pytest.MonkeyPatch
+    store: EventStore, tmp_path: Path, calibrated: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One more try, after a short wait (each timing beside the neighbours takes seconds).
     monkeypatch.setattr(recording, "BUSY_RETRIES", 1)
     monkeypatch.setattr(recording, "BUSY_WAIT_S", 0.1)
+    # The neighbours spin while a group is timed (compiling and validating beside them would only be slower).
+    time_group = recording._time_group
+
+    def beside_neighbours(*args: Any, **kwargs: Any) -> Any:
+        with spinning_neighbours():
+            return time_group(*args, **kwargs)
+
+    monkeypatch.setattr(recording, "_time_group", beside_neighbours)
     said: list[str] = []
     plan = RecordingPlan(problem="softmax", max_settings=1, repeats=1, budget_s=0.1)
     landscape = await record_landscape(store, plan, cache_dir=tmp_path, progress=said.append)
-    # The neighbours spin throughout: the group (the seed and one setting) is timed again once, then kept, every
+    # The group (the seed and one setting) is timed again once, beside the neighbours again, then kept, every
     # sample marked busy.
     assert sum("timing it again" in line for line in said) == 1, said
     stored = await stored_recordings(store, "softmax", landscape.target)
