@@ -17,7 +17,8 @@ Measures, with the default budgets unless told otherwise, in a fresh cache folde
 - intervals: repeated A/A runs (the seed kernel against itself, half softmax, half rmsnorm) with the
   measured noise floor: aa_coverage, the fraction of intervals (at the default confidence, 0.95) that
   contain 1.0 (target >= 0.95), and aa_halfwidth_median, the median relative half-width of those
-  intervals (target <= 0.03);
+  intervals (target <= 0.03); aa_busy_runs, how many of them the judge flagged as a busy machine's
+  (BenchmarkReport.shared_cores: its cores shared with other work, engine/harness/contention.py);
 - seed_speedup: each built-in problem's seed kernel against its numpy baseline, with the interval;
 - roofline_fraction_best (by problem and shape): the best-known setting of each built-in CPU problem's
   template (BEST_KNOWN, found by the sweep documented there; ``--sweep N`` redoes it: N random allowed
@@ -323,11 +324,16 @@ def aa_runs(cache: Path, runs: int, budget: float) -> dict[str, Any]:
                 "confidence": report.confidence,
                 "covers": report.ci_low <= 1.0 <= report.ci_high,
                 "halfwidth": (report.ci_high - report.ci_low) / 2 / report.speedup,
+                "busy": report.shared_cores,
+                "foreign_cpu_share": report.foreign_cpu_share,
             }
         )
-        print(f"  A/A {run + 1}/{runs} {name}: {report.message}", file=sys.stderr, flush=True)
+        busy = " (busy machine)" if report.shared_cores else ""
+        print(f"  A/A {run + 1}/{runs} {name}: {report.message}{busy}", file=sys.stderr, flush=True)
     return {
         "aa_runs": len(rows),
+        # Counted in the coverage like the rest: a search's readings are taken on the machine as it is.
+        "aa_busy_runs": sum(r["busy"] for r in rows),
         "aa_confidence": sorted({r["confidence"] for r in rows}),
         "aa_coverage": sum(r["covers"] for r in rows) / len(rows),
         "aa_halfwidth_median": statistics.median(r["halfwidth"] for r in rows),
