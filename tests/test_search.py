@@ -26,6 +26,7 @@ from engine.harness.backend import backend_for
 from engine.harness.evaluation import validate_artifact
 from engine.harness.verdicts import CPU_MEASUREMENT_METHOD
 from engine.problems import load_problem
+from engine.search.audit import audit_search, format_audit
 from engine.search.candidates import Candidate
 from engine.search.history import STEP_EVENTS, load_search_history, stream_of
 from engine.search.promotion import choose_promotion, could_beat, readings_to_remeasure, shaky
@@ -463,7 +464,7 @@ async def test_resume_from_starts_at_the_earlier_incumbent_and_skips_its_candida
 
 
 async def test_the_final_playoff_ends_the_search_on_the_fastest_kernel_it_saw(
-    client: Client, store: EventStore, prefix: str
+    client: Client, store: EventStore, fresh_db_url: str, prefix: str
 ) -> None:
     # The copy problem's settings are all about as fast: their intervals overlap, so a playoff must decide.
     async with running_worker(client, store, prefix):
@@ -495,3 +496,13 @@ async def test_the_final_playoff_ends_the_search_on_the_fastest_kernel_it_saw(
     assert bool(promoted) == (leader != playoff["incumbent_id"])
     history = await load_search_history(store, handle.id)
     assert history.incumbent is not None and history.incumbent.candidate.candidate_id == leader
+    # The audit lists each round under its challenger, after the challenger's own steps, and the playoff's result.
+    report = await audit_search(fresh_db_url, handle.id)
+    by_id = {c["candidate_id"]: c for c in report["candidates"]}
+    for event in rounds_recorded:
+        steps = by_id[event.payload["candidate_id"]]["steps"]
+        assert [s["step"] for s in steps][:3] == ["compiled", "validated", "benchmarked"]
+        assert steps[-1]["step"] == "playoff" and steps[-1]["event_id"] == event.event_id
+        assert steps[-1]["busy"] == event.payload["output"]["shared_cores"]
+    assert report["playoff"]["winner_id"] == leader and len(report["playoff"]["rounds"]) == len(rounds)
+    assert f"final playoff: {len(rounds)} round(s)" in format_audit(report)

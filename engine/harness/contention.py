@@ -126,3 +126,13 @@ class CoreWatch:
 def busy(foreign_cpu_share: float | None) -> bool:
     """Whether a reading with this foreign share was taken on a busy machine (None, unknown: not called busy)."""
     return foreign_cpu_share is not None and foreign_cpu_share > FOREIGN_SHARE_BUSY
+
+
+def busy_reason(cpus_exclusive: bool, foreign_cpu_share: float | None) -> str:
+    """What shared a benchmark's cores, for a reader of its evidence ("" when nothing did)."""
+    parts = []
+    if not cpus_exclusive:
+        parts.append("another benchmark of this machine's held the same cores")
+    if busy(foreign_cpu_share):
+        parts.append(f"{foreign_cpu_share:.0%} of the cores' time went to other work while it timed")
+    return " and ".join(parts)

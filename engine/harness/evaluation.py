@@ -19,7 +19,7 @@ from pathlib import Path
 from engine.errors import UserError
 from engine.harness.backend import Backend, backend_for
 from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, benchmark_artifact
-from engine.harness.contention import busy
+from engine.harness.contention import busy_reason
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import (
     BenchmarkReport,
@@ -150,16 +150,6 @@ def _case_lines(case: CaseEvidence) -> list[str]:
     return lines
 
 
-def _busy_line(report: BenchmarkReport) -> str:
-    """What shared a benchmark's cores, for a reader of its evidence."""
-    parts = []
-    if not report.cpus_exclusive:
-        parts.append("another benchmark of this machine's held the same cores")
-    if busy(report.foreign_cpu_share):
-        parts.append(f"{report.foreign_cpu_share:.0%} of the cores' time went to other work while it timed")
-    return " and ".join(parts)
-
-
 def _with_evidence(result: Evaluation) -> Evaluation:
     """Readable lines saying why the verdict is what it is."""
     lines: list[str] = []
@@ -187,7 +177,8 @@ def _with_evidence(result: Evaluation) -> Evaluation:
                 f"{report.threads} thread(s), revalidated after timing: {report.revalidated}"
             )
             if report.shared_cores:
-                lines.append(f"  busy machine: {_busy_line(report)}; time it again when the machine is quieter")
+                reason = busy_reason(report.cpus_exclusive, report.foreign_cpu_share)
+                lines.append(f"  busy machine: {reason}; time it again when the machine is quieter")
         else:
             lines.append(f"benchmark: {report.message}")
             for case in report.cases:

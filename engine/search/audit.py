@@ -3,15 +3,21 @@ the witness in its Temporal history; `kf audit --all`: every chain of the log, a
 
 The chain alone shows a change the database's application role could make (none: it may only append) or a
 careless hand; the owner of the database can re-hash a rewritten stream or cut its tail, and only the
-witness outside the database shows that (engine/search/witness.py)."""
+witness outside the database shows that (engine/search/witness.py).
+
+Each candidate lists its steps in order, then its timings after the benchmark (re-measurements of a shaky reading,
+final playoff rounds), each timing marked busy when its cores were shared with other work while it timed: a
+busy reading is still the kernel's, but it promotes only after a re-measurement and counts for less in the lessons."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from engine.errors import NoEvents
+from engine.evidence.events import RecordedEvent
 from engine.evidence.store import EventStore
-from engine.search.history import STEP_EVENTS, load_search_history, stream_of
+from engine.harness.contention import busy_reason
+from engine.search.history import RETIMING_EVENTS, STEP_EVENTS, load_search_history, stream_of
 from engine.search.witness import Witness, WitnessFinding, check_witness
 
 
@@ -27,10 +33,11 @@ async def audit_search(database_url: str, search_id: str, witness: Witness | Non
     finally:
         await store.close()
     findings = check_witness(history.events, witness, stream_of(search_id)) if witness and witness.usable else []
-    candidates = []
+    candidates: list[dict[str, Any]] = []
     for record in history.candidates.values():
         steps = []
         recorded = [(step.split(".", 1)[1], record.steps.get(step)) for step in STEP_EVENTS]
+        recorded += [(RETIMING_EVENTS[event.type], event) for event in record.retimings]
         # A harness or infrastructure failure is listed as what it is, after the steps that did finish.
         recorded.append(("harness_error", record.harness_error))
         for name, event in recorded:
@@ -54,6 +61,7 @@ async def audit_search(database_url: str, search_id: str, witness: Witness | Non
                     "attempt": event.metadata.get("attempt"),
                     "worker": event.metadata.get("worker"),
                     "hardware": (event.metadata.get("hardware") or {}).get("cpu_model"),
+                    **_busy(event),
                 }
             )
         candidates.append(
@@ -82,10 +90,36 @@ async def audit_search(database_url: str, search_id: str, witness: Witness | Non
         # last finished step).
         "verdict_counts": history.verdict_counts,
         "harness_errors": len(history.harness_errors),
+        "busy_timings": sum(bool(s.get("busy")) for c in candidates for s in c["steps"]),
+        "playoff": _playoff(history.playoff.payload) if history.playoff else None,
         "candidates": candidates,
         "chain": {"intact": broken is None, "broken": broken.model_dump(mode="json") if broken else None},
         "witness": _witness_report(witness, findings),
         "intact": broken is None and not findings,
+    }
+
+
+def _busy(event: RecordedEvent) -> dict[str, Any]:
+    """Whether a step's timing shared its cores with other work (``busy``), the share of their time that went to
+    it (``foreign_cpu_share``; None where unknown: not a timing, or a reading recorded before the judge watched its
+    cores) and why, for people (``busy_reason``, "" when not busy)."""
+    output = event.payload.get("output") or {}
+    reports = (event.payload.get("evidence") or {}).get("reports") or [{}]
+    first = reports[0] if isinstance(reports[0], dict) else {}
+    share = first.get("foreign_cpu_share")
+    share = float(share) if isinstance(share, int | float) else None
+    busy = bool(output.get("shared_cores"))
+    reason = (busy_reason(bool(first.get("cpus_exclusive", True)), share) or "shared cores") if busy else ""
+    return {"busy": busy, "foreign_cpu_share": share, "busy_reason": reason}
+
+
+def _playoff(payload: dict[str, Any]) -> dict[str, Any]:
+    """The final playoff as the audit shows it: the incumbent it started from, its winner, its rounds."""
+    return {
+        "incumbent_id": payload.get("incumbent_id"),
+        "winner_id": payload.get("winner_id"),
+        "budget_seconds": payload.get("budget_seconds"),
+        "rounds": list(payload.get("rounds") or []),
     }
 
 
@@ -162,6 +196,25 @@ def format_log_audit(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _playoff_text(playoff: dict[str, Any]) -> str:
+    rounds = playoff["rounds"]
+    kept = playoff["winner_id"] == playoff["incumbent_id"]
+    winner = str(playoff["winner_id"] or "?")[:12]
+    lines = [
+        f"final playoff: {len(rounds)} round(s), {playoff['budget_seconds']} s each; "
+        + (f"the incumbent ({winner}) kept the lead" if kept else f"{winner} won and became the incumbent")
+    ]
+    for r in rounds:
+        challenger = f"{r.get('challenger_label', '')} ({str(r.get('challenger_id', '?'))[:12]})"
+        if r.get("verdict") != "ok":
+            lines.append(f"  round {r.get('round')}: {challenger} — {r.get('verdict')}: {r.get('error', '')}")
+            continue
+        ratio = f"{r['ratio']:.3f}x [{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]" if r.get("ratio") else "-"
+        result = "took the lead" if r.get("challenger_won") else "not faster with confidence"
+        lines.append(f"  round {r.get('round')}: {challenger} vs the leader {ratio} — {result}")
+    return "\n".join(lines)
+
+
 def _broken_text(broken: dict[str, Any]) -> str:
     return (
         f"event {broken['event_id']!r} (stream {broken['stream_id']!r} v{broken['stream_version']}, position "
@@ -179,6 +232,7 @@ def format_audit(report: dict[str, Any]) -> str:
             lines.append(
                 f"    {s['step']:<12} {s['verdict']:<15} #{s['position']} attempt {s['attempt']} "
                 f"activity {s['activity_id']} run {str(s['run_id'])[:8]} on {s['worker']} — {s['summary']}"
+                + (f" — BUSY machine: {s['busy_reason']}" if s.get("busy") else "")
             )
     counts = ", ".join(f"{verdict} {n}" for verdict, n in report["verdict_counts"].items()) or "none"
     lines.append(f"verdicts: {counts}")
@@ -187,8 +241,15 @@ def format_audit(report: dict[str, Any]) -> str:
             f"not judged: {report['harness_errors']} candidate(s) the harness or the infrastructure failed to "
             "judge (harness_error: not a verdict on the kernel)"
         )
+    if report.get("busy_timings"):
+        lines.append(
+            f"busy machine: {report['busy_timings']} timing(s) shared their cores with other work (marked BUSY "
+            "above): such a reading promotes only after a re-measurement and counts for less in the lessons"
+        )
     for p in report["promotions"]:
         lines.append(f"promoted g{p['generation']}: {p['label']} ({p['candidate_id'][:12]}) — {p['reason']}")
+    if report.get("playoff"):
+        lines.append(_playoff_text(report["playoff"]))
     chain = report["chain"]
     lines.append("hash chain: intact" if chain["intact"] else f"hash chain: BROKEN at {_broken_text(chain['broken'])}")
     witness = report["witness"]

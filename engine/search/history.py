@@ -16,6 +16,8 @@ from engine.outages import is_kernel_outcome
 from engine.search.state import Incumbent
 
 STEP_EVENTS = ("candidate.compiled", "candidate.validated", "candidate.benchmarked")
+RETIMING_EVENTS = {"candidate.remeasured": "remeasured", "search.playoff_round": "playoff"}
+"""Timings of a candidate after its benchmark step, by event type, with the step name an audit gives them."""
 NOT_JUDGED = ("harness_error", "unfinished", "proposed")
 """What CandidateRecord.verdict says of a candidate without a verdict: the harness or the infrastructure failed
 past its retries; the record stops at an ok step short of the benchmark; no step was recorded."""
@@ -39,6 +41,10 @@ class CandidateRecord:
     steps: dict[str, RecordedEvent] = field(default_factory=dict)
     harness_error: RecordedEvent | None = None
     """The ``candidate.harness_error`` event, when the harness or the infrastructure failed to judge it."""
+    retimings: list[RecordedEvent] = field(default_factory=list)
+    """Its timings after the benchmark step, in log order: re-measurements of a shaky reading
+    (``candidate.remeasured``) and final playoff rounds it played as the challenger (``search.playoff_round``).
+    Readings of a kernel already judged, never a verdict."""
 
     @property
     def verdict(self) -> str:
@@ -73,6 +79,8 @@ class SearchHistory:
     incumbent: Incumbent | None = None
     candidates: dict[str, CandidateRecord] = field(default_factory=dict)
     promotions: list[dict[str, Any]] = field(default_factory=list)
+    playoff: RecordedEvent | None = None
+    """The ``search.playoff`` event: the final playoff's rounds and winner, when the search held one."""
 
     @property
     def evaluated_ids(self) -> list[str]:
@@ -115,6 +123,11 @@ def rebuild(search_id: str, events: list[RecordedEvent]) -> SearchHistory:
             record = history.candidates.setdefault(cid, CandidateRecord(cid))
             record.generation = payload.get("generation", record.generation)
             record.steps[event.type] = event
+        elif event.type in RETIMING_EVENTS:
+            cid = payload["candidate_id"]
+            history.candidates.setdefault(cid, CandidateRecord(cid)).retimings.append(event)
+        elif event.type == "search.playoff":
+            history.playoff = event
         elif event.type == "candidate.harness_error":
             cid = payload["candidate_id"]
             record = history.candidates.setdefault(cid, CandidateRecord(cid))
