@@ -284,6 +284,30 @@ def test_one_slow_reading_of_a_combination_does_not_rule_out_a_value() -> None:
     assert tried >= 8
 
 
+def test_a_search_its_family_informs_follows_the_family_until_it_has_evidence_of_its_own(monkeypatch: Any) -> None:
+    rmsnorm = problem_of("rmsnorm")
+    softmax = measured("softmax", lambda p: 2.0 * ((1.6 if p["FUSED"] == 0 else 0.7) if p.get("NT") else 1.0))
+    own = measured("rmsnorm", rmsnorm_speed, every=5)[:COVERING_SETTINGS]
+
+    def picks(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            c.params
+            for seed in range(20)
+            for c in SearchProposer().propose(rmsnorm, context(1, seed, lessons={"settings": settings}))
+        ]
+
+    def family_favourites(chosen: list[dict[str, Any]]) -> int:
+        return sum((p["FUSED"], p["NT"]) == (0, 1) for p in chosen)
+
+    transfer, informed = picks(softmax), picks(softmax + own)
+    monkeypatch.setattr(search_proposer, "TRANSFER_UCB_KAPPA", search_proposer.UCB_KAPPA)
+    wide, informed_wide = picks(softmax), picks(softmax + own)
+    # Fewer spreads on the upper bounds: more of the first picks try what the family found fast.
+    assert family_favourites(transfer) > family_favourites(wide) + 10
+    # With COVERING_SETTINGS measured settings of its own, the search explores as any other.
+    assert informed == informed_wide
+
+
 def test_only_a_cold_search_without_transfer_widens_the_explorers_main_effects(monkeypatch: Any) -> None:
     rmsnorm = problem_of("rmsnorm")
     nt = Features(SPACES["rmsnorm"]).index["NT=1"]

@@ -14,7 +14,8 @@ Each generation:
 - one evaluation in every EXPLOIT_PERIOD of the search exploits, whatever the size of its generations (first
   in its generation): the best setting under the posterior mean (once there is any evidence), anywhere in the
   space;
-- the other picks take the best upper bound (mean + UCB_KAPPA spreads) under the explorer, the same fit
+- the other picks take the best upper bound (mean + UCB_KAPPA spreads; TRANSFER_UCB_KAPPA in a search its
+  family's lessons inform, until it has COVERING_SETTINGS measured settings of its own) under the explorer, the same fit
   with pair spreads EXPLORE_PAIR_FACTOR times wider, each reading counting for less (what the model leaves
   out spreads by EXPLORER_MODEL_SD) and, in a cold search without transfer until the problem has
   COVERING_SETTINGS measured settings, main-effect spreads EXPLORE_MAIN_FACTOR times wider: the fitted model
@@ -144,8 +145,24 @@ problems at budgets 8/16/32): 0.03 0.35/0.58/0.86, 0.15 0.36/0.61/0.87 (add_rmsn
 seeds 1000-1099: 0.03 0.45/0.67/0.84, 0.1 0.45/0.67/0.85, 0.15 0.45/0.68/0.87. A small gain, inside each run's
 interval, seen on every set of seeds."""
 
+TRANSFER_UCB_KAPPA = 1.0
+"""UCB_KAPPA of a search that starts from its family's lessons (transferred means), until the problem has
+COVERING_SETTINGS measured settings of its own; UCB_KAPPA after. With three spreads its upper-bound picks went
+where the family's hypothesis and the plain prior disagree most, and spent the first generations far from what the
+family found fast: replayed leave-one-out on this machine's four row-reduction landscapes (bench/search_quality.py
+transfer replays, 40 searches per problem), rmsnorm's transfer searches read 0.89x of the optimum first, then
+0.5-0.8x for most of their next picks. Mean transfer score over the four at budgets 8 / 16 / 32 (0 = random search,
+1 = the optimum), seeds 0-39 and 1000-1039: three spreads 0.35 / 0.55 / 0.87 and 0.35 / 0.58 / 0.88; one spread
+until 12 settings 0.46 / 0.68 / 0.87 and 0.47 / 0.62 / 0.85; one spread for the whole search 0.46 / 0.68 / 0.84 and
+0.47 / 0.62 / 0.83 (it stops exploring), 1.5 for the whole search 0.59 and 0.55 at 16. Median evaluations to 95% of
+the optimum, transfer (cold): l2norm 7 (10) and 7 (13), add_rmsnorm 8.5 (11.5) and 6.5 (11.5), where three
+spreads took 11 and 10, 12 and 10.5; rmsnorm 13 (11.5, 6) either way: its optimum has PF=4096, a value no
+sibling's template has, so the family cannot point at it; softmax 13.5 and 14 (10, 4), from 17 and 16.5: its
+optimum (SIMD=1 with FUSED=1) is where the norms' favourites are not."""
+
 COVERING_SETTINGS = 12
-"""Measured settings of the problem itself after which the explorer's main effects are the fitted ones."""
+"""Measured settings of the problem itself after which the explorer's main effects are the fitted ones, and a
+transfer search's upper bounds take UCB_KAPPA spreads instead of TRANSFER_UCB_KAPPA."""
 
 SETTLED_READING_SD = 0.08
 """Least spread of one reading of ln(speedup) assumed when judging whether a setting is settled (a shared
@@ -232,6 +249,8 @@ class SearchProposer:
         correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
         # ``seen`` holds every candidate the search evaluated (the seed among them): where it stands in its budget.
         exploiting = exploit_picks(len(set(context.seen)), context.count) if informed else 0
+        # A search its family informs follows the family's lessons more closely until it has its own evidence.
+        kappa = TRANSFER_UCB_KAPPA if transferred and posterior.observations < COVERING_SETTINGS else UCB_KAPPA
         picks: list[Candidate] = []
         for index in range(context.count):
             if not fresh:
@@ -255,7 +274,7 @@ class SearchProposer:
                 # Upper bounds come from the explorer: a setting's bound must not be ruled out by one slow
                 # reading of a pair that was blamed on a value's main effect.
                 spread = np.sqrt(np.maximum(((x @ covariance) * x).sum(axis=1), 0.0))
-                speed = x @ explorer.mean + UCB_KAPPA * spread
+                speed = x @ explorer.mean + kappa * spread
             # Ties (no evidence yet) are broken at random, not by the space's order.
             jitter = rng.uniform(0.0, 1e-9, len(pool))
             scores = [
