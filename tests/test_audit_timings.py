@@ -87,7 +87,19 @@ async def test_the_audit_lists_retimings_and_marks_the_busy_ones(store: EventSto
                             "ratio_ci_high": 1.01,
                             "speedup": 2.0,
                             "challenger_won": False,
-                        }
+                        },
+                        {
+                            "round": 2,
+                            "challenger_id": "a",
+                            "challenger_label": "a",
+                            "leader_id": "a",
+                            "verdict": "ok",
+                            "ratio": 0.99,
+                            "ratio_ci_low": None,
+                            "ratio_ci_high": None,
+                            "speedup": None,
+                            "challenger_won": False,
+                        },
                     ],
                 },
             ),
@@ -111,5 +123,6 @@ async def test_the_audit_lists_retimings_and_marks_the_busy_ones(store: EventSto
     text = format_audit(report)
     assert text.count("BUSY machine") == 2
     assert "busy machine: 2 timing(s) shared their cores" in text
-    assert "final playoff: 1 round(s), 4.0 s each; the incumbent (a) kept the lead" in text
+    assert "final playoff: 2 round(s), 4.0 s each; the incumbent (a) kept the lead" in text
     assert "round 1: b (b) vs the leader 0.980x [0.950, 1.010] — not faster with confidence" in text
+    assert "round 2: a (a) vs the leader 0.990x — not faster with confidence" in text  # no interval recorded

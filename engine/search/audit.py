@@ -209,9 +209,13 @@ def _playoff_text(playoff: dict[str, Any]) -> str:
         if r.get("verdict") != "ok":
             lines.append(f"  round {r.get('round')}: {challenger} — {r.get('verdict')}: {r.get('error', '')}")
             continue
-        ratio = f"{r['ratio']:.3f}x [{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]" if r.get("ratio") else "-"
+        ratio, low, high = (r.get(k) for k in ("ratio", "ratio_ci_low", "ratio_ci_high"))
+        # A round may lack its figures (recorded by an older kf, or without an interval): its line stays.
+        text = f"{ratio:.3f}x" if isinstance(ratio, int | float) else "-"
+        if isinstance(low, int | float) and isinstance(high, int | float):
+            text += f" [{low:.3f}, {high:.3f}]"
         result = "took the lead" if r.get("challenger_won") else "not faster with confidence"
-        lines.append(f"  round {r.get('round')}: {challenger} vs the leader {ratio} — {result}")
+        lines.append(f"  round {r.get('round')}: {challenger} vs the leader {text} — {result}")
     return "\n".join(lines)
 
 
