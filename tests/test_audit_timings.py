@@ -68,6 +68,12 @@ async def test_the_audit_lists_retimings_and_marks_the_busy_ones(store: EventSto
             _proposed("b"),
             _timing("candidate.benchmarked", "benchmark", "b", share=None, legacy=True),
             _timing("search.playoff_round", "playoff", "b", share=0.0, exclusive=False),
+            # A timing whose evidence is not in today's shape: read as unknown, never a failed audit.
+            NewEvent(
+                event_id=f"{SEARCH}/b/odd",
+                type="candidate.remeasured",
+                payload={"candidate_id": "b", "output": {"verdict": "ok", "shared_cores": False}, "evidence": ["?"]},
+            ),
             NewEvent(
                 event_id=f"{SEARCH}/playoff",
                 type="search.playoff",
@@ -116,6 +122,7 @@ async def test_the_audit_lists_retimings_and_marks_the_busy_ones(store: EventSto
     assert [(s["step"], s["busy"], s["foreign_cpu_share"]) for s in b["steps"]] == [
         ("benchmarked", False, None),
         ("playoff", True, 0.0),
+        ("remeasured", False, None),
     ]
     assert "another benchmark of this machine's held the same cores" in b["steps"][1]["busy_reason"]
     # Re-measurements are readings, never verdicts: the candidates' verdicts come from their steps alone.

@@ -103,14 +103,19 @@ def _busy(event: RecordedEvent) -> dict[str, Any]:
     """Whether a step's timing shared its cores with other work (``busy``), the share of their time that went to
     it (``foreign_cpu_share``; None where unknown: not a timing, or a reading recorded before the judge watched its
     cores) and why, for people (``busy_reason``, "" when not busy)."""
-    output = event.payload.get("output") or {}
-    reports = (event.payload.get("evidence") or {}).get("reports") or [{}]
-    first = reports[0] if isinstance(reports[0], dict) else {}
+    # The log may hold any shape (an older kf's, or a hand's): what is not the expected one reads as unknown.
+    output, evidence = (_mapping(event.payload.get(key)) for key in ("output", "evidence"))
+    reports = evidence.get("reports")
+    first = _mapping(reports[0]) if isinstance(reports, list) and reports else {}
     share = first.get("foreign_cpu_share")
     share = float(share) if isinstance(share, int | float) else None
     busy = bool(output.get("shared_cores"))
     reason = (busy_reason(bool(first.get("cpus_exclusive", True)), share) or "shared cores") if busy else ""
     return {"busy": busy, "foreign_cpu_share": share, "busy_reason": reason}
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _playoff(payload: dict[str, Any]) -> dict[str, Any]:
