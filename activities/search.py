@@ -460,7 +460,10 @@ class SearchActivities:
         if step.incumbent_artifact_id:
             # The incumbent was built by whichever worker compiled it, maybe generations ago.
             await self._fetch(step.incumbent_artifact_id, backend)
-            references.insert(0, Reference(kind="artifact", artifact_id=step.incumbent_artifact_id, label="incumbent"))
+            # A playoff round times its challenger against the playoff's leader, the incumbent only until a
+            # challenger takes the lead: its summary names what it was timed against.
+            label = "leader" if name == "playoff" else "incumbent"
+            references.insert(0, Reference(kind="artifact", artifact_id=step.incumbent_artifact_id, label=label))
         try:
             reports, seconds = await self._judging(
                 functools.partial(

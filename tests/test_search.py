@@ -504,5 +504,7 @@ async def test_the_final_playoff_ends_the_search_on_the_fastest_kernel_it_saw(
         assert [s["step"] for s in steps][:3] == ["compiled", "validated", "benchmarked"]
         assert steps[-1]["step"] == "playoff" and steps[-1]["event_id"] == event.event_id
         assert steps[-1]["busy"] == event.payload["output"]["shared_cores"]
+        # Timed against the playoff's leader, which is the incumbent only until a challenger takes the lead.
+        assert " vs leader [" in steps[-1]["summary"] and "incumbent" not in steps[-1]["summary"], steps[-1]
     assert report["playoff"]["winner_id"] == leader and len(report["playoff"]["rounds"]) == len(rounds)
     assert f"final playoff: {len(rounds)} round(s)" in format_audit(report)
