@@ -512,6 +512,7 @@ def progress_line(status: SearchStatus) -> str:
         f"{status.candidates_done} candidates · {verdicts} · "
         + (f"{status.harness_errors} not judged (harness_error) · " if status.harness_errors else "")
         + f"best {best} vs numpy"
+        + (f" · {status.busy_timings} of {status.timings} timings on a busy machine" if status.busy_timings else "")
     )
     leading = status.leading_speedup
     if leading is not None and (status.best_speedup is None or leading > status.best_speedup):
@@ -530,6 +531,8 @@ def final_status(last: SearchStatus, result: SearchResult) -> SearchStatus:
             "candidates_done": result.candidates_done,
             "verdict_counts": dict(result.verdict_counts),
             "harness_errors": result.harness_errors,
+            "timings": result.timings,
+            "busy_timings": result.busy_timings,
             "best_speedup": result.best_speedup,
             "best_ci_low": result.best_ci_low,
             "best_ci_high": result.best_ci_high,
@@ -584,6 +587,11 @@ def format_result(result: SearchResult, as_json: bool) -> str:
         )
     else:
         lines.append("  no correct candidate")
+    if result.busy_timings:
+        lines.append(
+            f"  busy machine: {result.busy_timings} of {result.timings} timings ran while other work used their "
+            "cores; such a reading promotes only after a re-measurement (kf audit marks each one)"
+        )
     lines.append(f"  audit: kf audit {result.search_id}")
     lines.append(f"  UI: {ui_url(result.search_id)}")
     return "\n".join(lines)

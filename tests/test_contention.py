@@ -1,5 +1,6 @@
 """A reading taken while work from outside the benchmark ran on its cores says so (engine/harness/contention.py),
-and what reads it treats it as a busy machine's: kf evaluate's evidence, a recorded landscape's samples."""
+and what reads it treats it as a busy machine's: kf evaluate's evidence, a recorded landscape's samples, a
+search's result and progress."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from search_fixtures import COPY_PROBLEM, QUICK, running_worker, start
+from temporalio.client import Client
 
+from cli.search import final_status, format_result, progress_line
 from engine.evidence.store import EventStore
 from engine.harness.contention import FOREIGN_SHARE_BUSY, TICK_S, CoreWatch, busy
 from engine.harness.evaluation import evaluate
@@ -30,6 +34,8 @@ from engine.replay.landscape import (
     stored_recordings,
 )
 from engine.replay.recording import RecordingPlan, record_landscape
+from engine.search.history import stream_of
+from engine.search.state import SearchStatus
 
 
 def _watch(cpus: list[int], busy_s: list[list[float]], own_ns: list[int | None], wall: list[float]) -> CoreWatch:
@@ -195,3 +201,38 @@ async def test_a_recording_times_a_busy_group_again_and_marks_what_stayed_busy(
     measured = [p for p in stored.measured_in(landscape.recording).values() if p.verdict == "ok"]
     assert len(measured) == 2 and all(s.busy for p in measured for s in p.samples), measured
     assert any("(busy)" in line for line in said), said
+
+
+async def test_a_search_says_how_many_of_its_timings_a_busy_machine_took(
+    client: Client, store: EventStore, prefix: str, calibrated: None
+) -> None:
+    # The seed kernel alone, timed while a neighbour spins on every core.
+    with spinning_neighbours():
+        async with running_worker(client, store, prefix):
+            handle = await start(client, prefix, {"problem": COPY_PROBLEM, "budget": {"max_candidates": 1}, **QUICK})
+            result = await handle.result()
+    events = await store.read_stream(stream_of(handle.id))
+    [benchmarked] = [e for e in events if e.type == "candidate.benchmarked"]
+    assert benchmarked.payload["output"]["shared_cores"], benchmarked.payload
+    assert (result.timings, result.busy_timings) == (1, 1), result
+    assert "busy machine: 1 of 1 timings ran while other work used their cores" in format_result(result, False)
+    # The follower's last line, drawn from the result, says it too.
+    last = SearchStatus.model_validate(
+        {
+            "search_id": result.search_id,
+            "problem": "copy",
+            "target": "cpu",
+            "target_queue": None,
+            "status": "running",
+            "generation": 0,
+            "generations": 0,
+            "candidates_done": 0,
+            "verdict_counts": {},
+            "best_speedup": None,
+            "incumbent": None,
+            "incumbent_id": None,
+            "llm_spend_usd": 0.0,
+            "hints": [],
+        }
+    )
+    assert "1 of 1 timings on a busy machine" in progress_line(final_status(last, result))

@@ -507,4 +507,8 @@ async def test_the_final_playoff_ends_the_search_on_the_fastest_kernel_it_saw(
         # Timed against the playoff's leader, which is the incumbent only until a challenger takes the lead.
         assert " vs leader [" in steps[-1]["summary"] and "incumbent" not in steps[-1]["summary"], steps[-1]
     assert report["playoff"]["winner_id"] == leader and len(report["playoff"]["rounds"]) == len(rounds)
+    # The result counts every timing the search took, and those a busy machine took, as recorded.
+    timings = [e for e in events if e.type in ("candidate.benchmarked", "candidate.remeasured", "search.playoff_round")]
+    assert result.timings == len(timings) > len(rounds_recorded), result
+    assert result.busy_timings == sum(bool(e.payload["output"]["shared_cores"]) for e in timings), result
     assert f"final playoff: {len(rounds)} round(s)" in format_audit(report)

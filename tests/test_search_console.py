@@ -125,6 +125,9 @@ def test_current_details_say_generation_incumbent_interval_verdicts_and_budget_l
     assert "1 more generation · 7 of 12 candidates · 45 of 60 min" in text
     assert "Fastest this generation:** 4.200×" in text
     assert "no correct candidate" in current_details(_state(), NOW)
+    assert "Busy machine" not in text
+    busy = current_details(state.model_copy(update={"timings": 6, "busy_timings": 2}), NOW)
+    assert "- **Busy machine:** 2 of 6 timings ran while other work used their cores" in busy
     assert "- **Budget:** 12 candidates, 60 min" in static_details(state.spec)
     assert (
         summary(state.spec)

@@ -331,6 +331,7 @@ class KernelSearch:
                     self._doing[candidate.candidate_id] = "benchmarking"
                     timed = await self._hardware("kf.benchmark", step, minutes=30)
                     self._witness(timed.head)
+                    self._count_timing(timed)
                     outcome.verdict = timed.verdict
                     outcome.ratio, outcome.ratio_ci_low = timed.ratio, timed.ratio_ci_low
                     outcome.ratio_ci_high = timed.ratio_ci_high
@@ -450,6 +451,7 @@ class KernelSearch:
                 state.playoff_rounds.append(round_)
                 continue
             self._witness(timed.head)
+            self._count_timing(timed)
             took_lead = timed.verdict == "ok" and timed.ratio_ci_low is not None and timed.ratio_ci_low > 1.0
             round_ |= {
                 "verdict": timed.verdict,
@@ -484,6 +486,12 @@ class KernelSearch:
             "won the final playoff: faster than the leader with confidence, timed with a larger budget",
             f"{state.search_id}/playoff/promoted",
         )
+
+    def _count_timing(self, timed: StepOutput) -> None:
+        """Count a timing the search took, and whether its cores ran other work meanwhile (a busy machine's)."""
+        state = self._require_state()
+        state.timings += 1
+        state.busy_timings += int(timed.shared_cores)
 
     def _remeasure_step(
         self, candidate: Candidate, artifact_id: str, leader_artifact: str, generation: int, seed: int
@@ -566,6 +574,7 @@ class KernelSearch:
         finally:
             self._doing.pop(doing_key, None)
         self._witness(timed.head)
+        self._count_timing(timed)
         return timed
 
     async def _promote(self, outcomes: list[CandidateOutcome]) -> None:
@@ -826,6 +835,8 @@ class KernelSearch:
             harness_errors=len(state.harness_errors),
             generations_run=state.generation,
             playoff_rounds=list(state.playoff_rounds),
+            timings=state.timings,
+            busy_timings=state.busy_timings,
             head=state.head,
         )
 
@@ -861,6 +872,8 @@ class KernelSearch:
             leading=f"{leading.label} ({leading.candidate_id[:12]})" if leading else None,
             step=self._step_text(),
             max_candidates=state.spec.budget.max_candidates,
+            timings=state.timings,
+            busy_timings=state.busy_timings,
         )
 
     def _step_text(self) -> str:

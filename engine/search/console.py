@@ -108,6 +108,11 @@ def current_details(state: SearchState, now: datetime, leading: CandidateOutcome
     if state.harness_errors:
         judged += f"; {len(state.harness_errors)} not judged (harness_error: the machine failed, not the kernel)"
     lines.append(f"- **Verdicts:** {judged}")
+    if state.busy_timings:
+        lines.append(
+            f"- **Busy machine:** {state.busy_timings} of {state.timings} timings ran while other work used their "
+            "cores (re-measured before they promote)"
+        )
     lines.append(f"- **Budget left:** {budget_left(state, now)}")
     if spec.hints:
         lines.append(f"- **Hints:** {len(spec.hints)}, latest {_code(spec.hints[-1][:80])}")

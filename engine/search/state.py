@@ -119,6 +119,11 @@ class SearchState(BaseModel):
     the final playoff may time against the incumbent."""
     playoff_rounds: list[dict[str, Any]] = Field(default_factory=list)
     """The final playoff's rounds, once it ran: challenger, leader, ratio and interval, winner."""
+    timings: int = 0
+    """Timings this search took: benchmarks, re-measurements and playoff rounds that finished (reused ones not
+    counted: they were another search's)."""
+    busy_timings: int = 0
+    """Of ``timings``, those whose cores ran other work meanwhile (``shared_cores``): a busy machine's readings."""
     status: str = "running"
     """running, paused, completed, stopped, budget_exhausted, exhausted (nothing new to propose)."""
     head: StreamHead | None = None
@@ -201,6 +206,10 @@ class SearchStatus(BaseModel):
     """That candidate's label and id prefix."""
     max_candidates: int | None = None
     """The budget's candidate limit, when it has one: what the progress bar counts against."""
+    timings: int = 0
+    """Timings taken so far: benchmarks, re-measurements and playoff rounds."""
+    busy_timings: int = 0
+    """Of those, the ones taken while other work ran on their cores (a busy machine's readings)."""
     step: str = ""
     """What is under way now: "proposing 4 candidates", "compiling 1 · benchmarking 2" (candidates per step),
     "final playoff round 1 of 3"; empty between steps and once the search has ended."""
@@ -230,9 +239,14 @@ class SearchResult(BaseModel):
     harness_errors: int = 0
     """Candidates the harness or the infrastructure failed to judge: not a verdict (see `kf audit`)."""
     generations_run: int
+    """Generations completed, counting the seed's generation 0."""
     playoff_rounds: list[dict[str, Any]] = Field(default_factory=list)
     """The final playoff's rounds (empty when no candidate came close enough to the incumbent to need one)."""
-    """Generations completed, counting the seed's generation 0."""
+    timings: int = 0
+    """Timings the search took: benchmarks, re-measurements and playoff rounds."""
+    busy_timings: int = 0
+    """Of those, the ones taken while other work ran on their cores: a busy machine's readings, which promote only
+    after a re-measurement (`kf audit` marks each one)."""
     head: StreamHead | None = None
     """The search's event stream when it finished (its ``search.finished`` event or a later message): the
     stream must end exactly here (`kf audit` checks)."""
