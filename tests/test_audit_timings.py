@@ -1,5 +1,6 @@
 """`kf audit` shows every timing of a candidate -- its benchmark, the re-measurements of a shaky reading, its final
-playoff rounds -- and marks the ones taken on a busy machine (cores shared with other work while it timed)."""
+playoff rounds -- and marks the ones taken on a busy machine (cores shared with other work while it timed); `kf
+report` counts them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from engine.evidence.events import NewEvent
 from engine.evidence.store import EventStore
 from engine.hardware import hardware_fingerprint
 from engine.harness.verdicts import BenchmarkReport, Verdict
+from engine.report.gather import gather_report
+from engine.report.page import search_page
 from engine.search.audit import audit_search, format_audit
 from engine.search.history import stream_of
 from engine.search.steps import StepOutput
@@ -133,3 +136,9 @@ async def test_the_audit_lists_retimings_and_marks_the_busy_ones(store: EventSto
     assert "final playoff: 2 round(s), 4.0 s each; the incumbent (a) kept the lead" in text
     assert "round 1: b (b) vs the leader 0.980x [0.950, 1.010] — not faster with confidence" in text
     assert "round 2: a (a) vs the leader 0.990x — not faster with confidence" in text  # no interval recorded
+    # The report's summary counts the same timings: five, two of them a busy machine's.
+    page = await gather_report(fresh_db_url, SEARCH, with_lessons=False)
+    assert (page.timings, page.busy_timings) == (5, 2), page
+    assert "Timings on a busy machine (other work ran on their cores; re-measured before they promote): 2 of 5." in (
+        search_page(page)
+    )

@@ -26,7 +26,7 @@ from engine.report.model import (
     ShapeRoofline,
 )
 from engine.search.candidates import Candidate
-from engine.search.history import STEP_EVENTS, CandidateRecord, SearchHistory, rebuild, stream_of
+from engine.search.history import STEP_EVENTS, CandidateRecord, SearchHistory, rebuild, stream_of, was_busy
 
 NO_OUTCOME = ("unfinished", "proposed")
 """CandidateRecord.verdict of a candidate with no outcome yet: not an evaluation (a harness error is one: the
@@ -90,6 +90,8 @@ def _report(history: SearchHistory, proposed: dict[str, Candidate], parents: dic
         events=len(history.events),
         verdict_counts=history.verdict_counts,
         harness_errors=len(history.harness_errors),
+        timings=len(history.timings),
+        busy_timings=sum(was_busy(event) for event in history.timings),
         best=RatioEstimate(incumbent.speedup, incumbent.ci_low, incumbent.ci_high) if incumbent else None,
         best_label=incumbent.candidate.label if incumbent else None,
         best_id=incumbent.candidate.candidate_id if incumbent else None,

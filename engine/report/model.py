@@ -195,6 +195,10 @@ class SearchReport(BaseModel):
     """Candidates per kernel verdict."""
     harness_errors: int
     """Candidates the harness or the infrastructure failed to judge (not a verdict)."""
+    timings: int = 0
+    """Timings the search took: benchmark steps, re-measurements and playoff rounds."""
+    busy_timings: int = 0
+    """Of those, the ones taken while other work ran on their cores (a busy machine's readings)."""
     best: RatioEstimate | None
     """The final incumbent's speedup over the library baseline."""
     best_label: str | None

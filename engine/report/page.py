@@ -160,13 +160,20 @@ def _summary(report: SearchReport) -> str:
         if report.harness_errors
         else ""
     )
+    busy = (
+        f" Timings on a busy machine (other work ran on their cores; re-measured before they promote): "
+        f"{report.busy_timings} of {report.timings}."
+        if report.busy_timings
+        else ""
+    )
     spec_rows = [_row([_text(key), f"<code>{_text(_value(value))}</code>"]) for key, value in report.spec.items()]
     hints = report.spec.get("hints") or []
     return "".join(
         [
             '<section id="summary"><h2>Summary</h2>',
             best,
-            f"<p>Evaluations: {len(report.evaluations)} · verdicts: {_text(_counts(report))}.{_text(harness)}</p>",
+            f"<p>Evaluations: {len(report.evaluations)} · verdicts: {_text(_counts(report))}."
+            f"{_text(harness)}{_text(busy)}</p>",
             f"<p>Resumed from <code>{_text(report.resumed_from)}</code>.</p>" if report.resumed_from else "",
             "<p>Hints given:</p><ul>" + "".join(f"<li>{_text(str(h))}</li>" for h in hints) + "</ul>" if hints else "",
             "<details><summary>The search's spec</summary><table><tbody>",

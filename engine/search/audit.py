@@ -17,7 +17,7 @@ from engine.errors import NoEvents
 from engine.evidence.events import RecordedEvent
 from engine.evidence.store import EventStore
 from engine.harness.contention import busy_reason
-from engine.search.history import RETIMING_EVENTS, STEP_EVENTS, load_search_history, stream_of
+from engine.search.history import RETIMING_EVENTS, STEP_EVENTS, load_search_history, stream_of, was_busy
 from engine.search.witness import Witness, WitnessFinding, check_witness
 
 
@@ -104,12 +104,12 @@ def _busy(event: RecordedEvent) -> dict[str, Any]:
     it (``foreign_cpu_share``; None where unknown: not a timing, or a reading recorded before the judge watched its
     cores) and why, for people (``busy_reason``, "" when not busy)."""
     # The log may hold any shape (an older kf's, or a hand's): what is not the expected one reads as unknown.
-    output, evidence = (_mapping(event.payload.get(key)) for key in ("output", "evidence"))
+    evidence = _mapping(event.payload.get("evidence"))
     reports = evidence.get("reports")
     first = _mapping(reports[0]) if isinstance(reports, list) and reports else {}
     share = first.get("foreign_cpu_share")
     share = float(share) if isinstance(share, int | float) else None
-    busy = bool(output.get("shared_cores"))
+    busy = was_busy(event)
     reason = (busy_reason(bool(first.get("cpus_exclusive", True)), share) or "shared cores") if busy else ""
     return {"busy": busy, "foreign_cpu_share": share, "busy_reason": reason}
 

@@ -98,6 +98,23 @@ class SearchHistory:
         """Candidates the harness or the infrastructure failed to judge."""
         return [cid for cid, rec in self.candidates.items() if rec.verdict == "harness_error"]
 
+    @property
+    def timings(self) -> list[RecordedEvent]:
+        """Every timing the log holds, candidate by candidate: its benchmark step, then its re-measurements and
+        the playoff rounds it played (the timings a search's result counts)."""
+        found: list[RecordedEvent] = []
+        for record in self.candidates.values():
+            benchmarked = record.steps.get("candidate.benchmarked")
+            found += ([benchmarked] if benchmarked is not None else []) + record.retimings
+        return found
+
+
+def was_busy(event: RecordedEvent) -> bool:
+    """Whether a timing's cores ran other work while it timed (its output's ``shared_cores``); False for an event
+    of any other shape (an older kf's, or a hand's)."""
+    output = event.payload.get("output")
+    return isinstance(output, dict) and bool(output.get("shared_cores"))
+
 
 def rebuild(search_id: str, events: list[RecordedEvent]) -> SearchHistory:
     """Fold a search's events into its history."""
