@@ -33,6 +33,26 @@ _database_numbers = itertools.count(1)
 # A/A runs take about half a minute).
 os.environ.setdefault("KF_MACHINE_DIR", tempfile.mkdtemp(prefix="kf-test-machine-"))
 
+SLOWEST_MODULES = (
+    "test_search.py",
+    "test_chaos.py",
+    "test_problem_check.py",
+    "test_exit_codes.py",
+    "test_template_spaces.py",
+    "test_report.py",
+    "test_problems.py",
+)
+"""The suite's longest modules (1-4 minutes each with two workers), run first. `--dist loadfile` hands the modules
+to whichever worker is free, in collection order: test_search.py, collected late, kept one worker busy for minutes
+after the other had run out of modules. Longest first, the two finish close together."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the modules longest first (SLOWEST_MODULES; the sort is stable: each module's tests keep their
+    order, and the other modules theirs)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_MODULES)))
+
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
