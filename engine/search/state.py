@@ -120,8 +120,8 @@ class SearchState(BaseModel):
     playoff_rounds: list[dict[str, Any]] = Field(default_factory=list)
     """The final playoff's rounds, once it ran: challenger, leader, ratio and interval, winner."""
     timings: int = 0
-    """Timings this search took: benchmarks, re-measurements and playoff rounds that finished (reused ones not
-    counted: they were another search's)."""
+    """Timings this search took: benchmarks, re-measurements and playoff rounds that finished (one per recorded
+    timing event: a benchmark is never reused from another search)."""
     busy_timings: int = 0
     """Of ``timings``, those whose cores ran other work meanwhile (``shared_cores``): a busy machine's readings."""
     status: str = "running"
