@@ -98,17 +98,25 @@ _CLOSED = {
 
 
 async def search_status(client: Client, search_id: str) -> SearchStatus:
-    """The `status` query of a search (running or closed within retention), with how a closed one ended: the
-    query answers from the workflow's last state, which says running for one that failed."""
-    status = await _queried_status(client, search_id)
+    """A search's progress (running or closed within retention). A completed search's is read from its result in
+    Temporal's history (no worker needed, nor a replay of its history); otherwise the `status` query answers, and a
+    closed one is said as it ended: the query answers from the workflow's last state, which says running for one
+    that failed."""
+    handle = client.get_workflow_handle(search_id, result_type=SearchResult)
+    if (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED:
+        ended = (await handle.result()).progress
+        if ended is not None:  # None: a search that ended before results kept their progress
+            return ended
+    status = await queried_status(client, search_id)
     if status.status in ("running", "paused"):
-        closed = _CLOSED.get((await client.get_workflow_handle(search_id).describe()).status)  # type: ignore[arg-type]
+        closed = _CLOSED.get((await handle.describe()).status)  # type: ignore[arg-type]
         if closed is not None:
             status = status.model_copy(update={"status": closed, "step": ""})
     return status
 
 
-async def _queried_status(client: Client, search_id: str) -> SearchStatus:
+async def queried_status(client: Client, search_id: str) -> SearchStatus:
+    """The `status` query's answer, waiting longer for a worker that polls the search's queue but is busy."""
     handle = client.get_workflow_handle(search_id)
     started = time.monotonic()
     try:

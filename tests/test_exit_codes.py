@@ -164,10 +164,16 @@ async def test_every_client_command_exits_with_its_status_every_time(
         assert_status(unknown, exit_status.BAD_INPUT)
         assert "`kf search list` shows the search ids" in unknown.err
     await audit_needs_its_witness_only_when_asked(env, search_id)
-    # With no worker left to answer its query, a search cannot be shown: a service is down.
+    # With no worker left, a finished search is still shown: its progress as it ended is kept in its result.
     orphan = await kf(["search", "show", search_id], env)
-    assert_status(orphan, exit_status.MACHINE)
-    assert orphan.err.startswith("kf: error: no worker answers for this search") and orphan.err.count("\n") == 1
+    assert_status(orphan, exit_status.OK)
+    assert orphan.out.startswith("[budget_exhausted] ") and "1 candidates · compile_error=1 · " in orphan.out
+    orphan_json = json.loads((await kf(["search", "show", search_id, "--json"], env)).out)
+    assert orphan_json["status"] == "budget_exhausted" and orphan_json["problem"] == str(unbuildable_problem)
+    assert orphan_json["verdict_counts"] == {"compile_error": 1} and orphan_json["step"] == ""
+    followed = await kf(["search", "show", search_id, "--wait"], env)
+    assert_status(followed, exit_status.OK)
+    assert f"search {search_id}: budget_exhausted" in followed.out and "waiting for a worker" not in followed.err
     # A search whose queue no worker ever polled: Temporal holds its query until the deadline, unanswered.
     unserved = await kf(["search", "start", str(unbuildable_problem), "--prefix", f"{prefix}-unserved", "--json"], env)
     assert_status(unserved, exit_status.OK)
@@ -204,7 +210,8 @@ async def busy_worker_is_waited_for(client: Client, search_id: str, monkeypatch:
         await handle.query("status", rpc_timeout=instant)
     assert query_timed_out(missed.value), repr(missed.value)  # no worker answers within a millisecond
     monkeypatch.setattr(search_client, "STATUS_QUERY_TIMEOUT", instant)
-    status = await search_client.search_status(client, search_id)
+    # The query itself: a finished search's `kf search show` reads its result instead (no worker needed).
+    status = await search_client.queried_status(client, search_id)
     assert status.search_id == search_id and status.verdict_counts == {"compile_error": 1}
 
 

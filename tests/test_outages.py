@@ -144,11 +144,11 @@ async def test_a_connection_that_breaks_at_the_query_deadline_is_no_worker_and_a
 ) -> None:
     monkeypatch.setattr(search_client, "STATUS_QUERY_TIMEOUT", timedelta(seconds=0.2))
     with pytest.raises(RPCError) as at_deadline:
-        await search_client.search_status(_BrokenAtTheDeadline(0.25), "search-x")  # type: ignore[arg-type]
+        await search_client.queried_status(_BrokenAtTheDeadline(0.25), "search-x")  # type: ignore[arg-type]
     status, line = classify(at_deadline.value) or (None, "")
     assert status == exit_status.MACHINE and line.startswith("no worker answers for this search"), line
     with pytest.raises(RPCError) as at_once:
-        await search_client.search_status(_BrokenAtTheDeadline(0.0), "search-x")  # type: ignore[arg-type]
+        await search_client.queried_status(_BrokenAtTheDeadline(0.0), "search-x")  # type: ignore[arg-type]
     status, line = classify(at_once.value) or (None, "")
     assert status == exit_status.MACHINE and line.startswith("Temporal stopped answering"), line
 

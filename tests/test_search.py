@@ -18,7 +18,7 @@ import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 
-from activities.search_client import list_searches, search_status
+from activities.search_client import list_searches, queried_status, search_status
 from cli import exit_status
 from engine.evidence.store import EventStore
 from engine.hardware import machine_key
@@ -58,8 +58,10 @@ def assert_complete_record(events: list[Any], result: SearchResult) -> None:
 async def assert_list_agrees_with_show(client: Client, search_id: str, generation: int | None = None) -> None:
     """`kf search list` (the Generation search attribute) names the generation `kf search show` (the status query)
     does for an ended search -- the last one run (``generation`` when given), not the next it would have run."""
-    shown = await search_status(client, search_id)
+    shown = await search_status(client, search_id)  # read from the result, which keeps the progress it ended at
     assert generation is None or shown.generation == generation, shown
+    asked = await queried_status(client, search_id)  # the workflow's own answer, replayed by the worker
+    assert shown == asked.model_copy(update={"step": "", "leading_speedup": None, "leading": None}), (shown, asked)
     deadline = asyncio.get_running_loop().time() + 30
     while True:  # Temporal's list (its visibility store) catches up with a closed workflow a moment later
         row = next((r for r in await list_searches(client, limit=1000) if r["search_id"] == search_id), None)

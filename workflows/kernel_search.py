@@ -188,12 +188,16 @@ class KernelSearch:
         self._show_progress()
         result = self._result()
         await self._record(
-            f"{state.search_id}/finished", "search.finished", result.model_dump(mode="json", exclude={"head"})
+            f"{state.search_id}/finished",
+            "search.finished",
+            result.model_dump(mode="json", exclude={"head", "progress"}),
         )
         await workflow.wait_condition(workflow.all_handlers_finished)
         # The result names the stream's head after its last event (the finished record, or a message handled
-        # since): kept in the history, it is the witness that nothing was removed or added after it.
-        return result.model_copy(update={"head": state.head})
+        # since): kept in the history, it is the witness that nothing was removed or added after it. Its progress
+        # is the status query's last answer, read from the history once no worker runs the search.
+        ended = self.status().model_copy(update={"step": "", "leading_speedup": None, "leading": None})
+        return result.model_copy(update={"head": state.head, "progress": ended})
 
     def _state_from_input(self, raw: Any) -> SearchState:
         try:

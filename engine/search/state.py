@@ -247,6 +247,10 @@ class SearchResult(BaseModel):
     busy_timings: int = 0
     """Of those, the ones taken while other work ran on their cores: a busy machine's readings, which promote only
     after a re-measurement (`kf audit` marks each one)."""
+    progress: SearchStatus | None = None
+    """The search's progress as it ended (what its `status` query answers then): `kf search show` reads a finished
+    search's from here, so it needs no worker to ask. None in the results of searches that ended before it was
+    kept (they are asked, as running ones are)."""
     head: StreamHead | None = None
     """The search's event stream when it finished (its ``search.finished`` event or a later message): the
     stream must end exactly here (`kf audit` checks)."""
