@@ -42,6 +42,7 @@ from engine.hardware import c_compiler, compiler_version, cpu_target
 from engine.harness.includes import assembly_refusal, include_refusal
 from engine.harness.sandbox import Sandbox, SandboxLimits, SandboxOutcome
 from engine.harness.screen import ScreenResult, screen_library
+from engine.harness.toolchain import canary_failure, scratch_shortage
 from engine.harness.verdicts import CompileResult, Verdict
 from engine.outages import KERNEL_SIGNALS
 from engine.problems import Problem
@@ -288,14 +289,20 @@ def _compile(
         )
     # The compiler needs no Python: it can run as `nobody` even where the interpreter is unreadable to it.
     with Sandbox(unprivileged=True, pin=False) as sandbox:
-        (sandbox.dir / "kernel.c").write_text(_with_signature_check(problem, source))
+        try:
+            (sandbox.dir / "kernel.c").write_text(_with_signature_check(problem, source))
+        except OSError as error:
+            why = scratch_shortage(sandbox.dir) or f"the compiler's scratch folder cannot be written ({error})"
+            return base.model_copy(
+                update={"verdict": Verdict.harness_error, "error_category": "harness", "first_error": why}
+            )
         # Two steps, so that the assembly is read before the assembler runs (engine/harness/includes.py): an asm
         # statement can spell .incbin in pieces that only the compiler puts together.
         outcome = sandbox.run([compiler, *flags, *FORCED_FLAGS, "-S", "-o", "kernel.s", "kernel.c"], COMPILE_LIMITS)
         log = outcome.output_tail.replace(str(sandbox.dir) + "/", "")
         failed = _failed_step(problem, outcome, log, base)
         if failed is not None:
-            return failed
+            return _machine_or(failed, sandbox.dir, compiler)
         assembly = sandbox.dir / "kernel.s"
         refusal = assembly_refusal(assembly.read_text(errors="replace")) if assembly.is_file() else None
         if refusal:
@@ -304,7 +311,7 @@ def _compile(
         log = (log + outcome.output_tail.replace(str(sandbox.dir) + "/", ""))[-LOG_LIMIT:]
         failed = _failed_step(problem, outcome, log, base)
         if failed is not None:
-            return failed
+            return _machine_or(failed, sandbox.dir, compiler)
         library = sandbox.dir / "kernel.so"
         screen = screen_library(library)
         if not screen.ok:
@@ -340,6 +347,26 @@ def _compile(
         os.replace(tmp, final)
         (final.parent / "kernel.c").write_text(source)
     return base.model_copy(update={"verdict": Verdict.ok, "artifact_id": artifact_id, "log": log[-LOG_LIMIT:]})
+
+
+def _machine_or(failed: CompileResult, scratch: Path, compiler: str) -> CompileResult:
+    """``failed`` -- a compiler run that exited with an error -- as the machine's failure (``harness_error``) when
+    the machine cannot compile at all: its scratch disk is full, or a known-good source fails too
+    (engine/harness/toolchain.py). Otherwise the candidate's, as it came."""
+    if failed.verdict != Verdict.compile_error or failed.error_category == "timeout":
+        return failed
+    fault = scratch_shortage(scratch) or canary_failure(
+        lambda source, output: [compiler, *DEFAULT_FLAGS, *FORCED_FLAGS, "-o", output, source, "-lm"], COMPILE_LIMITS
+    )
+    if fault is None:
+        return failed
+    return failed.model_copy(
+        update={
+            "verdict": Verdict.harness_error,
+            "error_category": "harness",
+            "first_error": f"{fault} (the candidate's compile failed: {failed.first_error})",
+        }
+    )
 
 
 def _failed_step(problem: Problem, outcome: SandboxOutcome, log: str, base: CompileResult) -> CompileResult | None:

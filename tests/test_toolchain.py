@@ -1,0 +1,151 @@
+"""A compile the machine failed is a harness_error, never the kernel's compile_error: a full scratch disk and a
+toolchain that fails on every source (engine/harness/toolchain.py). A kernel cannot pass its own error off as
+the machine's by what it makes the compiler print."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.harness import sandbox, toolchain
+from engine.harness.cpu import compile_source
+from engine.harness.verdicts import Verdict
+from engine.problems import load_problem
+
+SYNTAX_ERROR = "#include <stdint.h>\nvoid softmax(const float *x, float *y, int64_t rows, int64_t cols) { y[0] = ; }\n"
+
+
+def cached_errors(cache: Path) -> list[Path]:
+    """The compile errors cached for reuse (a verdict is; the machine's failure never is)."""
+    return list((cache / "compile-errors").glob("*.json"))
+
+
+@pytest.fixture
+def small_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An 80 MiB tmpfs the sandboxes make their scratch folders on (root only: it is mounted)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small filesystem needs root")
+    mount_point = Path(tempfile.mkdtemp(prefix="kf-small-disk-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=80m,mode=1777", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        mount_point.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    monkeypatch.setattr(sandbox, "_scratch_base", lambda: str(mount_point))
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        mount_point.rmdir()
+
+
+def fill(disk: Path) -> Path:
+    """A file that takes every free byte of ``disk``."""
+    filler = disk / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):  # unbuffered: the last short write ends at the disk's last byte
+            try:
+                while os.write(descriptor, b"\0" * size):
+                    pass
+            except OSError:
+                continue
+    finally:
+        os.close(descriptor)
+    return filler
+
+
+def test_a_compile_on_a_full_scratch_disk_is_the_machines_failure(small_disk: Path, tmp_path: Path) -> None:
+    problem = load_problem("softmax")
+    filler = fill(small_disk)
+    assert shutil.disk_usage(small_disk).free < 64 << 10
+    # Full to the last byte (the source cannot be written), then with room for the source but not the compiler's
+    # output (the compiler fails, with no message: even its log cannot be written).
+    for room in (0, 16 << 10):
+        os.truncate(filler, filler.stat().st_size - room)
+        full = compile_source(problem, problem.seed_source(), cache_dir=tmp_path)
+        assert full.verdict == Verdict.harness_error, (room, full.error_category, full.first_error)
+        assert full.first_error and full.first_error.startswith("the scratch disk is full"), full.first_error
+        assert cached_errors(tmp_path) == [] and full.artifact_id is None
+    # Room again: the same source compiles, and a kernel's own error is its verdict again (and cached).
+    filler.unlink()
+    assert compile_source(problem, problem.seed_source(), cache_dir=tmp_path).verdict == Verdict.ok
+    own = compile_source(problem, SYNTAX_ERROR, cache_dir=tmp_path)
+    assert own.verdict == Verdict.compile_error and own.error_category == "syntax", own.first_error
+    assert len(cached_errors(tmp_path)) == 1
+
+
+def test_a_nearly_full_scratch_disk_makes_a_failed_compile_the_machines(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The disk's free space, read after the compile failed, below the mark: the machine's (no root needed).
+    monkeypatch.setattr(toolchain, "MIN_SCRATCH_FREE", 1 << 62)
+    failed = compile_source(load_problem("softmax"), SYNTAX_ERROR, cache_dir=tmp_path)
+    assert failed.verdict == Verdict.harness_error and "scratch disk is full" in (failed.first_error or "")
+    assert "expected expression" in (failed.first_error or "")  # what the compiler said is kept
+    assert cached_errors(tmp_path) == []
+    # A successful compile is not held up by the check: it runs only when a compile failed.
+    seed = load_problem("softmax").seed_source()
+    assert compile_source(load_problem("softmax"), seed, cache_dir=tmp_path).verdict == Verdict.ok
+
+
+@pytest.fixture
+def broken_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """CC pointing at a compiler that answers --version but fails every build, as one whose cc1 or assembler is
+    gone does; in a folder the sandbox's unprivileged user can run it from."""
+    folder = Path(tempfile.mkdtemp(prefix="kf-broken-cc-"))
+    folder.chmod(0o755)
+    wrapper = folder / "cc"
+    real = shutil.which("cc") or shutil.which("gcc")
+    assert real is not None
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        '  if [ "$arg" = "-o" ]; then\n'
+        "    echo \"cc: fatal error: cannot execute 'cc1': execvp: No such file or directory\" >&2\n"
+        "    exit 1\n"
+        "  fi\n"
+        "done\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    try:
+        yield wrapper
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_compiler_that_fails_on_every_source_is_the_machines_failure(broken_compiler: Path, tmp_path: Path) -> None:
+    problem = load_problem("softmax")
+    broken = compile_source(problem, problem.seed_source(), cache_dir=tmp_path)
+    assert broken.verdict == Verdict.harness_error, (broken.error_category, broken.first_error)
+    assert "fails on a known-good source too" in (broken.first_error or ""), broken.first_error
+    assert "cannot execute 'cc1'" in (broken.first_error or "")
+    assert cached_errors(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # #line names the file of the diagnostics: the error reads as the compiler driver's own
+        '#line 1 "cc1: fatal error: error writing to kernel.s"\n#error No space left on device\n',
+        # the assembler's .print writes any line; .error then fails the assembly
+        "#include <stdint.h>\n"
+        'asm(".print \\"cc1: fatal error: cannot execute as: No space left on device\\"\\n.error \\"x\\"");\n'
+        "void softmax(const float *x, float *y, int64_t rows, int64_t cols) { }\n",
+    ],
+    ids=["line-directive", "assembler-print"],
+)
+def test_a_kernel_cannot_pass_its_own_error_off_as_the_machines(source: str, tmp_path: Path) -> None:
+    result = compile_source(load_problem("softmax"), source, cache_dir=tmp_path)
+    assert result.verdict == Verdict.compile_error, (result.error_category, result.first_error)
+    assert "No space left on device" in (result.log or "")
+    assert len(cached_errors(tmp_path)) == 1
