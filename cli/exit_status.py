@@ -10,7 +10,7 @@ import signal
 import sys
 
 from engine.errors import InfrastructureError, ServiceUnavailable, UserError
-from engine.outages import is_outage
+from engine.outages import is_outage, is_shortage
 
 OK = 0
 """The command did what it was asked."""
@@ -64,6 +64,11 @@ def classify(error: BaseException) -> tuple[int, str] | None:
     text = " ".join(str(error).split()) or type(error).__name__
     if isinstance(error, ServiceUnavailable | InfrastructureError | CalibrationFailed | SandboxFailure):
         return MACHINE, text
+    if is_shortage(error):
+        return MACHINE, (
+            f"Postgres ran short of disk, memory or connections ({type(error).__name__}: {text}); free them where "
+            "it runs and run again (nothing recorded before was lost)"
+        )
     if is_outage(error):
         return MACHINE, f"Postgres stopped answering ({type(error).__name__}: {text}); check `kf status` and run again"
     # Temporal's answers, asked about only when Temporal is loaded: `kf evaluate` never imports it.

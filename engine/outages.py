@@ -72,9 +72,35 @@ def _postgres_outages() -> tuple[tuple[type[BaseException], ...], Path]:
         asyncpg.exceptions.AdminShutdownError,
         asyncpg.exceptions.CrashShutdownError,
         asyncpg.exceptions.CannotConnectNowError,
-        asyncpg.exceptions.TooManyConnectionsError,
+        *_postgres_shortages(),
     )
     return errors, Path(asyncpg.__file__).resolve().parent
+
+
+def _postgres_shortages() -> tuple[type[BaseException], ...]:
+    """asyncpg's errors that mean the database's machine ran short, not that the request was wrong."""
+    import asyncpg
+
+    return (
+        # Class 53: out of disk ("could not extend file"), memory or connections. Class 58: the server's own I/O
+        # failed. A statement that failed so was rolled back, and passes once space or memory is freed.
+        asyncpg.exceptions.InsufficientResourcesError,
+        asyncpg.exceptions.PostgresSystemError,
+    )
+
+
+def is_shortage(error: BaseException) -> bool:
+    """True when ``error``, or an error it was raised from, is the database's machine running short of disk,
+    memory or connections (an outage whose fix is to free them, not to restart the server)."""
+    shortages = _postgres_shortages()
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, shortages):
+            return True
+        current = raised_from(current)
+    return False
 
 
 def is_outage(error: BaseException) -> bool:
@@ -142,10 +168,14 @@ async def wait_out(
             began = now if began is None else began
             waited = now - began
             if waited >= patience:
+                fix = (
+                    "free disk space, memory or connections where it runs"
+                    if is_shortage(error)
+                    else "restart it (`kf up` for the embedded servers)"
+                )
                 raise InfrastructureError(
                     f"{what} stayed unreachable for {waited:.0f} s, past the outage patience of {patience:g} s "
-                    f"({type(error).__name__}: {error}); restart it (`kf up` for the embedded servers), or raise "
-                    "KF_OUTAGE_PATIENCE_S to wait longer"
+                    f"({type(error).__name__}: {error}); {fix}, or raise KF_OUTAGE_PATIENCE_S to wait longer"
                 ) from error
             pause = min(delay, patience - waited)
             (say or log.warning)(

@@ -40,6 +40,7 @@ from cli import exit_status
 from cli.exit_status import classify
 from cli.search import format_result
 from engine.errors import ConfigurationError, InfrastructureError
+from engine.evidence.events import NewEvent
 from engine.evidence.index import recorded_evidence
 from engine.evidence.lessons_projection import catch_up_lessons
 from engine.evidence.store import EventStore
@@ -48,7 +49,7 @@ from engine.harness.cpu import DEFAULT_FLAGS, compile_source
 from engine.harness.sandbox import HARNESS_WORKER
 from engine.harness.validation import validate_artifact
 from engine.harness.verdicts import ValidationReport, Verdict
-from engine.outages import is_kernel_outcome, is_outage, wait_out
+from engine.outages import is_kernel_outcome, is_outage, is_shortage, wait_out
 from engine.problems import load_problem
 from engine.search.audit import audit_search
 from engine.search.candidates import Candidate
@@ -72,6 +73,48 @@ async def test_a_stopped_postgres_is_an_outage_and_bad_sql_is_not(store: EventSt
     with pytest.raises(asyncpg.PostgresError) as bad_sql:
         await store.pool.fetchval("SELECT no_such_column FROM events")
     assert not is_outage(bad_sql.value)
+
+
+async def test_a_database_short_of_disk_is_waited_out_and_loses_nothing(store: EventStore) -> None:
+    # Postgres fails the next two inserts into the log with disk_full, as it does when it cannot extend a table's
+    # file (a trigger raises the server's own SQLSTATE; a sequence counts, as it is not rolled back with them).
+    await store.pool.execute(
+        """
+        CREATE SEQUENCE kf_disk_full_left;
+        CREATE FUNCTION kf_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF nextval('kf_disk_full_left') <= 2 THEN
+                RAISE EXCEPTION 'could not extend file "base/1/2": No space left on device'
+                    USING ERRCODE = 'disk_full';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER kf_disk_full BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION kf_disk_full();
+        """
+    )
+    event = NewEvent(event_id="search-full/started", type="search.started", payload={"problem": "softmax"})
+    with pytest.raises(asyncpg.exceptions.DiskFullError) as full:
+        await store.append("search-full", [event])
+    assert is_outage(full.value) and is_shortage(full.value)
+    status, line = classify(full.value) or (None, "")
+    assert status == exit_status.MACHINE and line.startswith("Postgres ran short of disk"), line
+    said: list[str] = []
+    recorded = await wait_out(lambda: store.append("search-full", [event]), what="Postgres", say=said.append)
+    assert [e.event_id for e in recorded] == [event.event_id] and len(said) == 1 and "DiskFullError" in said[0]
+    assert [e.event_id for e in await store.read_stream("search-full")] == [event.event_id]
+    # Past the patience it is the machine's failure, and the fix named is to free space, not to restart.
+    await store.pool.execute("ALTER SEQUENCE kf_disk_full_left RESTART")
+    with pytest.raises(InfrastructureError) as gave_up:
+        await wait_out(
+            lambda: store.append("search-full", [event.model_copy(update={"event_id": "search-full/other"})]),
+            what="Postgres",
+            patience_s=0.2,
+            say=said.append,
+        )
+    assert "free disk space, memory or connections where it runs" in str(gave_up.value)
+    with pytest.raises(asyncpg.PostgresError) as bad_sql:
+        await store.pool.fetchval("SELECT no_such_column FROM events")
+    assert not is_shortage(bad_sql.value)
 
 
 @pytest.mark.parametrize(
