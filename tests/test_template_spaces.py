@@ -28,7 +28,7 @@ from engine.proposers.random_template import template_space
 SAMPLE = 4
 SAMPLE_SEED = 12
 # The memory-bound problems need room for prefetching, blocking, streaming stores and vector widths.
-MIN_SPACE = {"rmsnorm": 300, "softmax": 300, "bias_gelu": 300, "l2norm": 300, "add_rmsnorm": 300}
+MIN_SPACE = {"rmsnorm": 300, "softmax": 300, "bias_gelu": 300, "l2norm": 300, "add_rmsnorm": 300, "layernorm": 300}
 PROBLEMS = builtin_problems("cpu")
 # Paths a random draw may miss, checked in every run: softmax's blocked pipeline with partial blocks (the
 # validation shapes' 37 and 17 rows), rows that are not a whole number of vectors (its unaligned loop), at
