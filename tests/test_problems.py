@@ -184,6 +184,32 @@ def test_add_rmsnorm_writes_the_sum_and_normalises_it() -> None:
     np.testing.assert_allclose(out["y"], alone)
 
 
+def test_layernorm_offset_rows_fail_a_one_pass_variance_and_constant_rows_give_the_bias() -> None:
+    """Rows whose mean is large next to their spread: float32 E[x^2] - E[x]^2 (numpy's pairwise sums, more accurate
+    than a kernel's running ones) fails the tolerance, the variance about the mean passes. A constant row's y is b
+    exactly, and every edge trial of five rows or more has one."""
+    problem = load_problem("layernorm")
+    shape = {"rows": 64, "cols": 4099}
+    for seed in range(3):
+        inputs = problem.make_inputs(shape, "offset", seed)
+        x, w, b, eps = inputs["x"], inputs["w"], inputs["b"], inputs["eps"]
+        mean = x.mean(axis=1, keepdims=True, dtype=np.float32)
+        squares = (x * x).mean(axis=1, keepdims=True, dtype=np.float32)
+        about_mean = ((x - mean) ** 2).mean(axis=1, keepdims=True, dtype=np.float32)
+        reference = problem.reference(inputs, shape)
+        one_pass = {"y": (x - mean) / np.sqrt(squares - mean * mean + eps) * w + b}
+        two_pass = {"y": (x - mean) / np.sqrt(about_mean + eps) * w + b}
+        assert _worst_ratio(problem, one_pass, reference, shape, inputs) > 1
+        assert _worst_ratio(problem, two_pass, reference, shape, inputs) < 0.5
+    edge_shape = {"rows": 5, "cols": 33}
+    for seed in range(10):
+        inputs = problem.make_inputs(edge_shape, "edge", seed)
+        constant = np.flatnonzero((inputs["x"] == inputs["x"][:, :1]).all(axis=1))
+        assert constant.size, f"seed {seed}: no constant row"
+        y = problem.reference(inputs, edge_shape)["y"]
+        np.testing.assert_array_equal(y[constant], np.broadcast_to(inputs["b"], (constant.size, 33)))
+
+
 def test_bias_gelu_reference_erfc_is_float64_accurate() -> None:
     """The reference's erfc (problem.py's _erfc64) against math.erfc: the accuracy docs/problems.md states."""
     module = load_problem("bias_gelu").module
