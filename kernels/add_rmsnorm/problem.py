@@ -68,7 +68,7 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "SIMD": [0, 1],
     "FUSED": [0, 1],
     "NT": [0, 1],
-    "PF": [0, 1024],
+    "PF": [0, 1024, 4096],
     "PFL": [1, 2],
     "ALIGN": [0, 1],
     "PIPE": [0, 1],

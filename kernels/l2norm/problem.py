@@ -64,7 +64,7 @@ TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "SIMD": [0, 1],
     "FUSED": [0, 1],
     "NT": [0, 1],
-    "PF": [0, 1024],
+    "PF": [0, 1024, 4096],
     "ALIGN": [0, 1],
     "PIPE": [0, 1],
     # Rows per block for short rows (at most 256 columns); 0: ROWS for every row (as in rmsnorm's template).
