@@ -146,10 +146,10 @@ HOSTILE_FOLDERS = {
         "SEED is 'gone.c', which is not a file",
     ),
     "unnamed placeholder": ({"template_c": ("{{VEC}}", "{{VECX}}")}, "loads", "{{VECX}}"),
-    "empty knob": ({"problem_py": ('"PF": [0, 1024],', '"PF": [],')}, "loads", "TEMPLATE_PARAMS['PF'] is []"),
+    "empty knob": ({"problem_py": ('"PF": [0, 1024, 4096],', '"PF": [],')}, "loads", "TEMPLATE_PARAMS['PF'] is []"),
     "a template space of billions": (
         # l2norm's settings times 10^6 values of a knob no placeholder uses: enumerating them would fill the memory.
-        {"problem_py": ('"PF": [0, 1024],', '"PF": [0, 1024],\n    "SPARE": list(range(10**6)),')},
+        {"problem_py": ('"PF": [0, 1024, 4096],', '"PF": [0, 1024, 4096],\n    "SPARE": list(range(10**6)),')},
         "loads",
         f"TEMPLATE_PARAMS spans {math.prod(len(v) for v in load_problem('l2norm').template_params.values()) * 10**6:,} "
         "settings (3 VEC x 4 ACC",
