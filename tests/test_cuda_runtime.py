@@ -490,7 +490,10 @@ def test_a_write_past_the_end_changes_the_guard(folders: dict[str, Path], cache:
     report = validate(folders["scale"], "out_of_bounds", cache)
     assert report.verdict == Verdict.incorrect
     case = report.cases[0]
-    assert (case.check, case.output, case.worst_index) == ("guard_after", "y", [0])
+    # The double writes 0x42 into the 4 bytes past the end; the guard is random, so its first byte is 0x42 one time
+    # in 256 and the first changed byte is then the next one (CI once read [1]).
+    assert (case.check, case.output) == ("guard_after", "y") and case.worst_index is not None
+    assert 0 <= case.worst_index[0] < 4, case.worst_index
 
 
 def test_a_fault_is_a_crash_and_a_hang_a_timeout_and_the_judge_goes_on(folders: dict[str, Path], cache: Path) -> None:
