@@ -82,6 +82,20 @@ def test_a_compile_on_a_full_scratch_disk_is_the_machines_failure(small_disk: Pa
     assert len(cached_errors(tmp_path)) == 1
 
 
+def test_a_kernel_cannot_fill_the_disk_itself_to_pass_its_error_off(small_disk: Path, tmp_path: Path) -> None:
+    # A 24 MB assembly file on the 80 MiB disk, then an assembler error: measured with its own file still there
+    # the disk would read under 64 MiB free, the machine's failure; without it, the kernel's compile_error.
+    source = (
+        "#include <stdint.h>\n"
+        "const unsigned char kf_big[5000000] = {[0 ... 4999999] = 1};\n"
+        '__asm__(".error \\"refused\\"");\n'
+        "void softmax(const float *x, float *y, int64_t rows, int64_t cols) { }\n"
+    )
+    result = compile_source(load_problem("softmax"), source, cache_dir=tmp_path)
+    assert result.verdict == Verdict.compile_error, (result.error_category, result.first_error)
+    assert "refused" in (result.first_error or "")
+
+
 def test_a_nearly_full_scratch_disk_makes_a_failed_compile_the_machines(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

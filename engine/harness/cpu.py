@@ -355,6 +355,11 @@ def _machine_or(failed: CompileResult, scratch: Path, compiler: str) -> CompileR
     (engine/harness/toolchain.py). Otherwise the candidate's, as it came."""
     if failed.verdict != Verdict.compile_error or failed.error_category == "timeout":
         return failed
+    # What the candidate's compile wrote (an assembly file can take up to the file size limit) is not the
+    # machine's shortage: a kernel could otherwise fill a nearly full disk itself and pass its error off as the
+    # machine's. Its outputs go before the disk is measured; the sandbox is removed next anyway.
+    for product in ("kernel.s", "kernel.so"):
+        (scratch / product).unlink(missing_ok=True)
     fault = scratch_shortage(scratch) or canary_failure(
         lambda source, output: [compiler, *DEFAULT_FLAGS, *FORCED_FLAGS, "-o", output, source, "-lm"], COMPILE_LIMITS
     )
