@@ -103,13 +103,15 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
     closed one is said as it ended: the query answers from the workflow's last state, which says running for one
     that failed."""
     handle = client.get_workflow_handle(search_id, result_type=SearchResult)
-    if (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED:
+    how = (await handle.describe()).status
+    if how == WorkflowExecutionStatus.COMPLETED:
         ended = (await handle.result()).progress
         if ended is not None:  # None: a search that ended before results kept their progress
             return ended
     status = await queried_status(client, search_id)
     if status.status in ("running", "paused"):
-        closed = _CLOSED.get((await handle.describe()).status)  # type: ignore[arg-type]
+        # How Temporal said it stood before the query (one that closes in between is said so at the next look).
+        closed = _CLOSED.get(how)  # type: ignore[arg-type]
         if closed is not None:
             status = status.model_copy(update={"status": closed, "step": ""})
     return status
