@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from engine.harness.cuda import compile as compile_module
 from engine.harness.cuda import nvrtc
 from engine.harness.cuda.compile import (
     artifact_path,
@@ -277,9 +279,20 @@ def test_options_outside_the_allow_list_are_refused(softmax: Problem, tmp_path: 
     assert result.error_category == "disallowed_flag" and "-I/etc" in str(result.first_error)
 
 
+# Keeps NVRTC busy for minutes: forced inlining of a doubly recursive template expands 2^40 calls.
+BUSY = """
+template <int N> struct F {
+    static __device__ __forceinline__ float f(float x) { return F<N - 1>::f(x * 1.0001f) + F<N - 2>::f(x + 0.5f); }
+};
+template <> struct F<0> { static __device__ __forceinline__ float f(float x) { return x; } };
+template <> struct F<1> { static __device__ __forceinline__ float f(float x) { return x + 1; } };
+extern "C" __global__ void busy(float *y) { y[0] = F<40>::f(y[0]); }
+"""
+
+
 def test_a_compile_past_its_limit_is_stopped_and_a_dead_child_replaced() -> None:
     options = ["--gpu-architecture=sm_90"]
-    stopped = nvrtc.run_nvrtc(SCALE, options, timeout_s=0.001)
+    stopped = nvrtc.run_nvrtc(BUSY, options, timeout_s=2)
     assert stopped.status == "timeout" and "limit" in stopped.message
     assert nvrtc.run_nvrtc(SCALE, options).status == "ok"
     for child in nvrtc._POOL.idle:  # killed from outside while idle: the harness's loss, not the next source's
@@ -362,3 +375,30 @@ def test_limits_are_per_arch() -> None:
     assert check_limits(launch, "sm_80") is None
     assert "101376" in str(check_limits(launch, "sm_89"))
     assert check_limits(Launch(grid=(2**31, 1, 1), block=(1, 1, 1)), "sm_90") is not None
+
+
+def test_a_compile_the_machine_kept_from_running_is_held_not_the_sources_timeout(
+    softmax: Problem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = ["--gpu-architecture=sm_90"]
+    assert nvrtc.run_nvrtc(SCALE, options).status == "ok"  # leaves an idle child to stop
+    with nvrtc._POOL.lock:
+        idle = list(nvrtc._POOL.idle)
+    for child in idle:  # a paused machine: the child never runs, so its limit passes with no CPU time spent
+        os.kill(child.process.pid, signal.SIGSTOP)
+    held = nvrtc.run_nvrtc(SCALE, options, timeout_s=1)
+    assert held.status == "held" and "held it back" in held.message, held
+    assert nvrtc.run_nvrtc(SCALE, options).status == "ok"  # a held child is never reused
+    # The compile's verdict: the machine's (harness_error), not cached, so the next attempt compiles again.
+    real = nvrtc.run_nvrtc
+    monkeypatch.setattr(compile_module, "run_nvrtc", lambda *a, **k: real(*a, **{**k, "timeout_s": 1}))
+    with nvrtc._POOL.lock:
+        idle = list(nvrtc._POOL.idle)
+    for child in idle:
+        os.kill(child.process.pid, signal.SIGSTOP)
+    assert idle, "the pool kept no idle child to stop"
+    result = compile_cuda(softmax, SCALE, arch="sm_90", cache_dir=tmp_path)
+    assert result.verdict == Verdict.harness_error and result.error_category == "harness", result
+    assert not list(tmp_path.rglob("*.json"))
+    monkeypatch.undo()
+    assert compile_cuda(softmax, SCALE, arch="sm_90", cache_dir=tmp_path).verdict == Verdict.ok

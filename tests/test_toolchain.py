@@ -1,9 +1,11 @@
 """A compile the machine failed is a harness_error, never the kernel's compile_error: a full scratch disk and a
 toolchain that fails on every source (engine/harness/toolchain.py). A kernel cannot pass its own error off as
-the machine's by what it makes the compiler print."""
+the machine's by what it makes the compiler print. A compile stopped at its wall-clock limit is the source's
+timeout only when the compiler was working on it; one the machine kept from running is the machine's."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.harness import sandbox, toolchain
+from engine.harness import cpu, sandbox, toolchain
 from engine.harness.cpu import compile_source
 from engine.harness.verdicts import Verdict
 from engine.problems import load_problem
@@ -162,4 +164,50 @@ def test_a_kernel_cannot_pass_its_own_error_off_as_the_machines(source: str, tmp
     result = compile_source(load_problem("softmax"), source, cache_dir=tmp_path)
     assert result.verdict == Verdict.compile_error, (result.error_category, result.first_error)
     assert "No space left on device" in (result.log or "")
+    assert len(cached_errors(tmp_path)) == 1
+
+
+@pytest.fixture
+def short_compile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2 s wall-clock limit for each compiler run, of which a quarter on a CPU makes a stop the source's: enough
+    on a busy two-core machine for a compiler that works the whole time, and far above one that never runs."""
+    monkeypatch.setattr(cpu, "COMPILE_LIMITS", dataclasses.replace(cpu.COMPILE_LIMITS, wall_seconds=2.0))
+    monkeypatch.setattr(cpu, "COMPILE_HAD_ITS_CPU", 0.25)
+
+
+@pytest.fixture
+def stalled_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """CC pointing at a compiler that waits without running (as one on a paused machine, or kept off every CPU,
+    does) before it compiles."""
+    folder = Path(tempfile.mkdtemp(prefix="kf-stalled-cc-"))
+    folder.chmod(0o755)
+    wrapper = folder / "cc"
+    real = shutil.which("cc") or shutil.which("gcc")
+    assert real is not None
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *--version*) ;; *) sleep 30 ;; esac\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    try:
+        yield wrapper
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.usefixtures("short_compile_limit", "stalled_compiler")
+def test_a_compile_the_machine_held_past_its_limit_is_the_machines_failure(tmp_path: Path) -> None:
+    problem = load_problem("softmax")
+    held = compile_source(problem, problem.seed_source(), cache_dir=tmp_path)
+    assert held.verdict == Verdict.harness_error, (held.error_category, held.first_error)
+    assert "wall-clock limit" in (held.first_error or "") and "held it back" in (held.first_error or "")
+    assert cached_errors(tmp_path) == []
+
+
+@pytest.mark.usefixtures("short_compile_limit")
+def test_a_source_that_keeps_the_compiler_busy_past_its_limit_is_its_timeout(tmp_path: Path) -> None:
+    # A preprocessor bomb: 2^40 expansions of one token, CPU work for the compiler from start to end.
+    bomb = "".join(f"#define A{i + 1} A{i} A{i}\n" for i in range(40))
+    source = f"#define A0 x\n{bomb}int kf_bomb = A40;\n"
+    result = compile_source(load_problem("softmax"), source, cache_dir=tmp_path)
+    assert result.verdict == Verdict.compile_error, (result.error_category, result.first_error)
+    assert result.error_category == "timeout", result.first_error
     assert len(cached_errors(tmp_path)) == 1

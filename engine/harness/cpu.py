@@ -374,8 +374,35 @@ def _machine_or(failed: CompileResult, scratch: Path, compiler: str) -> CompileR
     )
 
 
+COMPILE_HAD_ITS_CPU = 0.5
+"""Share of its wall-clock limit a compile must have run on a CPU for reaching the limit to be the source's fault."""
+
+
+def held_back(outcome: SandboxOutcome) -> bool:
+    """Whether a compiler run stopped at its wall-clock limit without having had its share of a CPU. What a source
+    can make a compiler do in that time (expand macros, instantiate, optimise) is CPU work -- includes of anything
+    but system headers and .incbin are refused before it runs -- so a compiler that ran less than
+    COMPILE_HAD_ITS_CPU of its limit was kept waiting by the machine, not by the source (DESIGN.md: an outcome is
+    the kernel's only when the kernel caused it; the judge's calls have the same rule, starvation.py)."""
+    used = outcome.cpu_seconds_at_limit
+    return used is not None and used < COMPILE_HAD_ITS_CPU * COMPILE_LIMITS.wall_seconds
+
+
 def _failed_step(problem: Problem, outcome: SandboxOutcome, log: str, base: CompileResult) -> CompileResult | None:
     """The result of a compiler run that failed (stopped, killed from outside, or exited non-zero), or None."""
+    if outcome.killed and held_back(outcome):
+        return base.model_copy(
+            update={
+                "verdict": Verdict.harness_error,
+                "error_category": "harness",
+                "first_error": (
+                    f"compilation stopped: {outcome.killed}, but the compiler had run only "
+                    f"{outcome.cpu_seconds_at_limit:.1f}s on a CPU: the machine held it back (overloaded, paused "
+                    "or its disk stalled), so this is not the source's verdict; the step compiles it again"
+                ),
+                "log": log[-LOG_LIMIT:],
+            }
+        )
     if outcome.killed:
         return base.model_copy(
             update={

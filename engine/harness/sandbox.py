@@ -135,6 +135,10 @@ class SandboxOutcome:
     seconds: float
     isolation: Isolation
     status: dict[str, Any] = field(default_factory=dict)
+    cpu_seconds_at_limit: float | None = None
+    """CPU seconds the command's processes had run when the wall-clock limit stopped them (None when it did not,
+    or when they could not be read): a command that had little of its limit on a CPU was held back by the machine
+    (overloaded, paused, a stalled disk), not by what it was given to do."""
 
 
 @dataclass(frozen=True)
@@ -765,6 +769,8 @@ class SandboxProcess:
         self.started = started
         self.killed: str | None = None
         """Why :meth:`kill` was told to stop the command (None if it was not, or not given a reason)."""
+        self.cpu_seconds_at_limit: float | None = None
+        """The command's CPU seconds when the wall-clock limit stopped it (see SandboxOutcome)."""
         self._process = process
         self._log = log
         self._status = status
@@ -833,6 +839,7 @@ class SandboxProcess:
                 reason = None
                 if self.remaining_s < 0:
                     reason = f"wall-clock limit of {self.limits.wall_seconds:.0f}s reached"
+                    self.cpu_seconds_at_limit = tree_cpu_seconds(self._process.pid)
                 elif watch is not None:
                     reason = watch()
                 if reason:
@@ -864,10 +871,30 @@ class SandboxProcess:
             seconds=seconds,
             isolation=self.sandbox.isolation,
             status=status,
+            cpu_seconds_at_limit=self.cpu_seconds_at_limit,
         )
         os.close(self._status)
         os.close(self._log)
         return self._outcome
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user and system) that process ``pid`` and its descendants have run, those they have already
+    waited for included; None where the process is gone or cannot be read. A descendant that left its parent's
+    tree (re-parented to an init) is not counted: the commands this is asked about (a compiler) do not do that."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except (psutil.Error, OSError):
+        return None
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except (psutil.Error, OSError):
+            continue  # ended between the listing and the reading: its parent's children_* count it once reaped
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def _read_status(fd: int) -> dict[str, Any]:

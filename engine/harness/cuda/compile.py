@@ -74,7 +74,7 @@ _DEFINE = re.compile(r"^-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+\-]*)?$")
 _REGISTER_CAP = re.compile(r"^--?maxrregcount=(1[6-9]|[2-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$")
 _ERROR_LINE = re.compile(r"^\S+\((?P<line>\d+)\): (?:catastrophic )?error: (?P<message>.*)$")
 LOG_LIMIT = 8192
-_UNCACHED = frozenset({"timeout", "compiler_crash"})
+_UNCACHED = frozenset({"timeout", "compiler_crash", "harness"})
 
 
 class _ArtifactDocument(BaseModel):
@@ -283,6 +283,11 @@ def _compile(
     log = outcome.log
     if outcome.status == "timeout":
         return _failed(base, "timeout", f"compilation stopped: {outcome.message}", log)
+    if outcome.status == "held":
+        # The machine's failure, never the source's verdict: not cached (harness_error), and the step retries.
+        return _failed(base, "harness", f"compilation stopped: {outcome.message}", log).model_copy(
+            update={"verdict": Verdict.harness_error}
+        )
     if outcome.status == "crashed":
         return _failed(base, "compiler_crash", outcome.message, log)
     if outcome.status == "failed":

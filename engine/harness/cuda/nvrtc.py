@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from engine.harness.sandbox import tree_cpu_seconds
+
 CHILD = Path(__file__).with_name("nvrtc_child.py")
 COMPILE_TIMEOUT_S = 120.0
 # Address space of a compiling child: NVRTC and its builtins map a few hundred MiB; a real kernel's compile
@@ -39,15 +41,21 @@ ADDRESS_SPACE_BYTES = 8 << 30
 # Variables a child may see: where the CUDA libraries are, if the machine says so. No API keys or tokens.
 _ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TMPDIR")
 _READ_CHUNK = 1 << 16
+HAD_ITS_CPU = 0.5
+"""Share of its limit a compile must have run on a CPU for reaching the limit to be the source's fault: what a
+source makes NVRTC do is CPU work, so a child that ran less was kept waiting by the machine (see
+engine/harness/cpu.held_back, the C compiler's rule)."""
 
 
 @dataclass(frozen=True)
 class NvrtcOutcome:
     """How one compile ended."""
 
-    status: Literal["ok", "failed", "timeout", "crashed"]
+    status: Literal["ok", "failed", "timeout", "held", "crashed"]
     """ok: a cubin; failed: NVRTC refused the source (the log says why); timeout: stopped at the wall-clock
-    limit; crashed: the child died or NVRTC failed outside compilation (``message`` says how)."""
+    limit while compiling; held: stopped there though the child had run less than HAD_ITS_CPU of the limit on a
+    CPU -- the machine kept it waiting, so it says nothing of the source; crashed: the child died or NVRTC failed
+    outside compilation (``message`` says how)."""
     log: str = ""
     """NVRTC's log: errors and warnings, and ptxas's resource report (with ``--ptxas-options=-v``)."""
     cubin: bytes | None = None
@@ -102,9 +110,11 @@ def run_nvrtc(
 class _Stopped(Exception):
     """A compile that did not answer: it ran past its limit (timeout) or its child died (crashed)."""
 
-    def __init__(self, status: Literal["timeout", "crashed"], message: str, *, before_source: bool = False) -> None:
+    def __init__(
+        self, status: Literal["timeout", "held", "crashed"], message: str, *, before_source: bool = False
+    ) -> None:
         super().__init__(message)
-        self.status: Literal["timeout", "crashed"] = status
+        self.status: Literal["timeout", "held", "crashed"] = status
         self.before_source = before_source  # the child was found dead before it read the source
 
 
@@ -128,6 +138,7 @@ class _Child:
         """Send one request and wait for its reply line."""
         assert self.process.stdin is not None and self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
+        ran_before = tree_cpu_seconds(self.process.pid)
         try:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
@@ -140,7 +151,7 @@ class _Child:
             while b"\n" not in self.pending:
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(left):
-                    raise _Stopped("timeout", f"NVRTC ran past its {timeout_s:g} s limit and was stopped")
+                    raise self._past_limit(timeout_s, ran_before)
                 chunk = os.read(descriptor, _READ_CHUNK)
                 if not chunk:
                     code = self.process.wait()
@@ -150,6 +161,17 @@ class _Child:
         line, self.pending = self.pending.split(b"\n", 1)
         reply: dict[str, Any] = json.loads(line)
         return reply
+
+    def _past_limit(self, timeout_s: float, ran_before: float | None) -> _Stopped:
+        """The compile's stop at its limit: the source's timeout when NVRTC was working on it, else the machine's."""
+        ran_after = tree_cpu_seconds(self.process.pid)
+        if ran_before is not None and ran_after is not None and ran_after - ran_before < HAD_ITS_CPU * timeout_s:
+            return _Stopped(
+                "held",
+                f"NVRTC reached its {timeout_s:g} s limit having run only {ran_after - ran_before:.1f} s on a CPU: "
+                "the machine held it back (overloaded or paused)",
+            )
+        return _Stopped("timeout", f"NVRTC ran past its {timeout_s:g} s limit and was stopped")
 
     def stderr_tail(self, limit: int = 2000) -> str:
         try:
