@@ -12,9 +12,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from engine.config import temporal_namespace
 from engine.connections import temporal_address
 from engine.errors import ConfigurationError, ServiceUnavailable
-from engine.outages import is_outage, raised_from
+from engine.outages import causes, is_outage
 
-_UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+_UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED)
+"""Status codes of a frontend that did not answer the call: down, too slow, or refusing it for load (its rate
+limits, ``frontend.namespaceRPS`` and the like, or a full persistence queue): each passes with time."""
 _CONNECTION_FAILURES = ("transport error", "h2 protocol error")
 """What the client's message says when the connection failed rather than the server answered."""
 
@@ -57,11 +59,9 @@ def _quiet_runtime() -> Runtime:
 
 def unreachable(error: BaseException) -> bool:
     """True when ``error`` (or one it was raised from) says the Temporal frontend could not be reached -- down,
-    restarting, a network in between -- rather than answering: an outage to wait out, not news about a search."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    restarting, a network in between, or refusing calls for load -- rather than answering: an outage to wait out,
+    not news about a search."""
+    for current in causes(error):
         # "h2 protocol error": the HTTP/2 connection under the client broke (seen once on the call after a query
         # that ran out its deadline): the connection's failure, not an answer.
         if isinstance(current, RPCError) and (current.status in _UNREACHABLE or connection_broke(current)):
@@ -71,15 +71,20 @@ def unreachable(error: BaseException) -> bool:
             return True
         if is_outage(current):
             return True
-        current = raised_from(current)
     return False
+
+
+def overloaded(error: BaseException) -> bool:
+    """True when Temporal refused a call for load (RESOURCE_EXHAUSTED: a rate limit, a busy persistence), which
+    ``unreachable`` waits out too; told apart only to say so."""
+    return any(isinstance(e, RPCError) and e.status == RPCStatusCode.RESOURCE_EXHAUSTED for e in causes(error))
 
 
 def connection_broke(error: BaseException) -> bool:
     """True when a call failed because the HTTP/2 connection under the client broke ("h2 protocol error",
     "transport error"), whatever the status code says."""
     return any(
-        isinstance(e, RPCError) and any(mark in e.message for mark in _CONNECTION_FAILURES) for e in _chain(error)
+        isinstance(e, RPCError) and any(mark in e.message for mark in _CONNECTION_FAILURES) for e in causes(error)
     )
 
 
@@ -94,7 +99,7 @@ def no_poller(error: BaseException) -> bool:
     """True when Temporal refused a query at once because no worker has polled its task queue lately."""
     return any(
         isinstance(e, RPCError) and e.status == RPCStatusCode.FAILED_PRECONDITION and "poller" in e.message
-        for e in _chain(error)
+        for e in causes(error)
     )
 
 
@@ -105,20 +110,10 @@ def query_timed_out(error: BaseException) -> bool:
         and e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED)
         # The client's deadline says "Timeout expired"; the server's "query timed out before a worker could ...".
         and ("Timeout" in e.message or "timed out" in e.message)
-        for e in _chain(error)
+        for e in causes(error)
     )
 
 
 def not_found(error: BaseException) -> bool:
     """True when Temporal answered that what was asked for (a search id) does not exist."""
-    return any(isinstance(e, RPCError) and e.status == RPCStatusCode.NOT_FOUND for e in _chain(error))
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the errors it was raised from."""
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and all(current is not seen for seen in chain):
-        chain.append(current)
-        current = raised_from(current)
-    return chain
+    return any(isinstance(e, RPCError) and e.status == RPCStatusCode.NOT_FOUND for e in causes(error))

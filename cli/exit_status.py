@@ -73,7 +73,7 @@ def classify(error: BaseException) -> tuple[int, str] | None:
         return MACHINE, f"Postgres stopped answering ({type(error).__name__}: {text}); check `kf status` and run again"
     # Temporal's answers, asked about only when Temporal is loaded: `kf evaluate` never imports it.
     if "temporalio" in sys.modules:
-        from activities.temporal_client import no_worker, not_found, unreachable
+        from activities.temporal_client import no_worker, not_found, overloaded, unreachable
 
         # A query's deadline can say DEADLINE_EXCEEDED, as an unreachable frontend does: its message tells them
         # apart, so the query's own reading comes first.
@@ -81,6 +81,11 @@ def classify(error: BaseException) -> tuple[int, str] | None:
             return MACHINE, (
                 f"no worker answers for this search ({text}); start one with `kf worker` "
                 "(`kf audit SEARCH_ID` shows what its event log holds without one)"
+            )
+        if overloaded(error):
+            return MACHINE, (
+                f"Temporal refused the call for load ({text}): it is busy or over a rate limit (its dynamic config "
+                "frontend.namespaceRPS); run again when it is quieter, or raise the limit"
             )
         if unreachable(error):
             return MACHINE, f"Temporal stopped answering ({text}); check `kf status` and run again"

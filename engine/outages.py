@@ -93,14 +93,7 @@ def is_shortage(error: BaseException) -> bool:
     """True when ``error``, or an error it was raised from, is the database's machine running short of disk,
     memory or connections (an outage whose fix is to free them, not to restart the server)."""
     shortages = _postgres_shortages()
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, shortages):
-            return True
-        current = raised_from(current)
-    return False
+    return any(isinstance(cause, shortages) for cause in causes(error))
 
 
 def is_outage(error: BaseException) -> bool:
@@ -111,18 +104,24 @@ def is_outage(error: BaseException) -> bool:
     FileNotFoundError anywhere else is a bug, not an outage). A clear error wrapping one (EventStore.connect's
     ConfigurationError) is an outage too."""
     postgres_outages, asyncpg_dir = _postgres_outages()
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, InfrastructureError):
+    for cause in causes(error):
+        if isinstance(cause, InfrastructureError):
             return False  # already waited out, past the patience: never waited out twice
-        if isinstance(current, (*postgres_outages, ConnectionError, TimeoutError)):
+        if isinstance(cause, (*postgres_outages, ConnectionError, TimeoutError)):
             return True
-        if isinstance(current, OSError) and _raised_in(current, asyncpg_dir):
+        if isinstance(cause, OSError) and _raised_in(cause, asyncpg_dir):
             return True
-        current = raised_from(current)
     return False
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from, nearest first (each once: a chain can loop)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = raised_from(current)
+    return chain
 
 
 def raised_from(error: BaseException) -> BaseException | None:

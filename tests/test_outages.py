@@ -141,6 +141,13 @@ def test_an_unreachable_temporal_is_told_from_an_answer() -> None:
     # The broken HTTP/2 connection `kf search show` met once on CI's machine (it exited 1 with a traceback).
     assert unreachable(RPCError("h2 protocol error: http2 error", RPCStatusCode.CANCELLED, b""))
     assert not unreachable(RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b""))
+    # Refused for load (a rate limit): the SDK retries such calls itself, slowing them to the limit (measured on
+    # the dev server at frontend.namespaceRPS=2: 30 calls took 16 s, none failed); one that still fails is
+    # waited out and said as load, exit 3, never a traceback.
+    limited = RPCError("namespace rate limit exceeded", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
+    assert unreachable(limited)
+    status, message = classify(limited) or (None, "")
+    assert status == 3 and "for load" in message and "frontend.namespaceRPS" in message, message
     connect_failed = RuntimeError("Failed client connect: Server connection error: tonic::transport::Error(...)")
     try:
         raise ConfigurationError("cannot reach Temporal") from connect_failed
