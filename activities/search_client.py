@@ -16,7 +16,10 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.temporal_client import connection_broke, query_timed_out
+from engine.evidence.store import EventStore
 from engine.search.console import static_details, summary
+from engine.search.history import load_search_history
+from engine.search.logged_status import logged_status
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
 from workflows.kernel_search import (
@@ -115,6 +118,23 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
         if closed is not None:
             status = status.model_copy(update={"status": closed, "step": ""})
     return status
+
+
+async def status_from_log(client: Client, database_url: str, search_id: str) -> SearchStatus | None:
+    """The progress of a search that closed without its result (failed, terminated, timed out, canceled) as the
+    event log tells it (engine/search/logged_status.py): what `kf search show` says when no worker is left to
+    answer its query. None for a search that runs or completed (its query or result answers)."""
+    description = await client.get_workflow_handle(search_id).describe()
+    closed = _CLOSED.get(description.status)  # type: ignore[arg-type]
+    if closed is None:
+        return None
+    store = await EventStore.connect(database_url)
+    try:
+        history = await load_search_history(store, search_id)
+    finally:
+        await store.close()
+    attributes = description.typed_search_attributes
+    return logged_status(history, closed, problem=attributes.get(PROBLEM_ATTR), target=attributes.get(TARGET_ATTR))
 
 
 async def queried_status(client: Client, search_id: str) -> SearchStatus:

@@ -626,13 +626,26 @@ def run_show(args: argparse.Namespace) -> int:
     if args.wait:
         return _following([args.search_id], lambda: asyncio.run(_follow_existing(args.search_id, args.json)))
 
-    async def go() -> SearchStatus:
-        from activities.search_client import search_status
-        from activities.temporal_client import connect
+    async def go() -> tuple[SearchStatus, str | None]:
+        from activities.search_client import how_it_ended, search_status, status_from_log
+        from activities.temporal_client import connect, no_worker
 
-        return await search_status(await connect(), args.search_id)
+        client = await connect()
+        try:
+            status = await search_status(client, args.search_id)
+        except Exception as error:
+            # A search that failed or was terminated keeps no progress in a result, and its workers may be long
+            # gone: its event log tells it instead. A running search with no worker is still "no worker answers".
+            if not no_worker(error):
+                raise
+            logged = await status_from_log(client, database_url(), args.search_id)
+            if logged is None:
+                raise
+            status = logged
+        ended = status.status in ("failed", "terminated", "timed_out", "canceled")
+        return status, (await how_it_ended(client, args.search_id) if ended else None)
 
-    status = asyncio.run(go())
+    status, how = asyncio.run(go())
     if args.json:
         print(status.model_dump_json())
     else:
@@ -641,15 +654,13 @@ def run_show(args: argparse.Namespace) -> int:
             print(f"incumbent: {status.incumbent}")
         for hint in status.hints:
             print(f"hint: {hint}")
+        if status.from_log:
+            print("(from the event log: no worker answers; LLM spend and hints added while it ran are not there)")
         print(f"UI: {ui_url(status.search_id)}")
-    if status.status in ("failed", "terminated", "timed_out", "canceled"):
+    if how is not None:
         # A search that ended without its result: exit 1, as `--wait` does (cli/exit_status.py).
         if not args.json:
-            print(
-                f"kf: search {status.search_id} {status.status}; "
-                f"`kf search show {shlex.quote(status.search_id)} --wait` says why",
-                file=sys.stderr,
-            )
+            print(f"kf: search {status.search_id} {how}", file=sys.stderr)
         return 1
     return 0
 

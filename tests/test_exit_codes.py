@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from search_fixtures import running_worker, start
+from search_fixtures import COPY_PROBLEM, QUICK, running_worker, start
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
@@ -414,3 +414,39 @@ async def test_a_follower_stopped_says_the_search_goes_on(
             "`kf search show search-softmax-0 --wait` follows it again"
         ), (after_s, err)
         assert not out
+
+
+async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_answers(
+    temporal_env: WorkflowEnvironment, store: EventStore, fresh_db_url: str, prefix: str, tmp_path: Path
+) -> None:
+    env = base_env(tmp_path / "kf") | {
+        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "KF_DATABASE_URL": fresh_db_url,
+    }
+    client = temporal_env.client
+    spec = {"problem": COPY_PROBLEM, "generations": 50, "candidates_per_generation": 2, "seed": 3, **QUICK}
+    async with running_worker(client, store, prefix):
+        handle = await start(client, prefix, spec)
+        for _ in range(600):  # until two candidates are judged
+            if (await search_client.queried_status(client, handle.id)).candidates_done >= 2:
+                break
+            await asyncio.sleep(0.2)
+        await search_client.send_update(client, handle.id, "pause")
+        for _ in range(600):  # paused with nothing under way: the workflow's state and the log agree
+            asked = await search_client.queried_status(client, handle.id)
+            if asked.status == "paused" and not asked.step:
+                break
+            await asyncio.sleep(0.2)
+        await handle.terminate("stopped by the test")
+    # No worker now: the query cannot be answered, the log tells the search instead (exit 1: it did not complete).
+    shown, said = await kf_many([["search", "show", handle.id, "--json"], ["search", "show", handle.id]], env)
+    assert_status(shown, exit_status.FAILED)
+    logged = json.loads(shown.out)
+    assert logged["status"] == "terminated" and logged["from_log"] is True
+    assert asked.candidates_done >= 2 and asked.best_speedup is not None
+    for field in ("candidates_done", "verdict_counts", "harness_errors", "best_speedup", "incumbent_id", "timings"):
+        assert logged[field] == getattr(asked, field), (field, logged[field], getattr(asked, field))
+    assert logged["problem"] == COPY_PROBLEM and logged["generations"] == 50
+    assert_status(said, exit_status.FAILED)
+    assert said.out.startswith("[terminated] ") and "(from the event log: no worker answers" in said.out
+    assert said.err == f"kf: search {handle.id} terminated\n", said.err

@@ -213,6 +213,9 @@ class SearchStatus(BaseModel):
     step: str = ""
     """What is under way now: "proposing 4 candidates", "compiling 1 · benchmarking 2" (candidates per step),
     "final playoff round 1 of 3"; empty between steps and once the search has ended."""
+    from_log: bool = False
+    """Built from the event log, not answered by the workflow (a search that failed or was terminated, with no
+    worker left to answer; engine/search/logged_status.py): LLM spend and hints added while it ran are not there."""
 
 
 class SearchResult(BaseModel):
