@@ -8,9 +8,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
@@ -230,6 +231,10 @@ async def how_it_ended(client: Client, search_id: str) -> str | None:
     if status is None or status == WorkflowExecutionStatus.RUNNING:
         return "running"
     how = _CLOSED.get(status, status.name.lower())
+    if status == WorkflowExecutionStatus.TERMINATED:
+        reason = await _termination_reason(client, search_id)
+        if reason:
+            how += f": {' '.join(reason.split())}"
     if status == WorkflowExecutionStatus.FAILED:
         try:
             await handle.result(follow_runs=False)
@@ -237,3 +242,17 @@ async def how_it_ended(client: Client, search_id: str) -> str | None:
             cause = getattr(error.cause, "message", None) or str(error.cause or error)
             how += f": {' '.join(str(cause).split())}"
     return how
+
+
+async def _termination_reason(client: Client, search_id: str) -> str | None:
+    """The reason given when the search ``search_id`` was terminated (the Web UI's or `temporal workflow terminate
+    --reason`), from the last event of its history: one event read, however long the history."""
+    response = await client.workflow_service.get_workflow_execution_history_reverse(
+        GetWorkflowExecutionHistoryReverseRequest(
+            namespace=client.namespace, execution=WorkflowExecution(workflow_id=search_id), maximum_page_size=1
+        )
+    )
+    for event in response.history.events:
+        if event.HasField("workflow_execution_terminated_event_attributes"):
+            return event.workflow_execution_terminated_event_attributes.reason or None
+    return None

@@ -10,7 +10,7 @@ import signal
 import sys
 
 from engine.errors import InfrastructureError, ServiceUnavailable, UserError
-from engine.outages import is_outage, is_shortage
+from engine.outages import is_outage, is_read_only, is_shortage
 
 OK = 0
 """The command did what it was asked."""
@@ -68,6 +68,12 @@ def classify(error: BaseException) -> tuple[int, str] | None:
         return MACHINE, (
             f"Postgres ran short of disk, memory or connections ({type(error).__name__}: {text}); free them where "
             "it runs and run again (nothing recorded before was lost)"
+        )
+    if is_read_only(error):
+        return MACHINE, (
+            f"Postgres refused to write: it is read-only ({type(error).__name__}: {text}), a standby or in "
+            "maintenance; point KF_DATABASE_URL at the primary or wait until it is writable, and run again (nothing "
+            "recorded before was lost)"
         )
     if is_outage(error):
         return MACHINE, f"Postgres stopped answering ({type(error).__name__}: {text}); check `kf status` and run again"

@@ -72,7 +72,11 @@ def _postgres_outages() -> tuple[tuple[type[BaseException], ...], Path]:
         asyncpg.exceptions.AdminShutdownError,
         asyncpg.exceptions.CrashShutdownError,
         asyncpg.exceptions.CannotConnectNowError,
+        # 57014: a statement cancelled from outside (pg_cancel_backend, a statement_timeout an operator set): run
+        # again, it was rolled back.
+        asyncpg.exceptions.QueryCanceledError,
         *_postgres_shortages(),
+        *_postgres_read_only(),
     )
     return errors, Path(asyncpg.__file__).resolve().parent
 
@@ -87,6 +91,21 @@ def _postgres_shortages() -> tuple[type[BaseException], ...]:
         asyncpg.exceptions.InsufficientResourcesError,
         asyncpg.exceptions.PostgresSystemError,
     )
+
+
+def _postgres_read_only() -> tuple[type[BaseException], ...]:
+    """asyncpg's errors that mean the database takes reads but refuses writes for now."""
+    import asyncpg
+
+    # 25006: a hot standby (a failover under way, the client still on the old primary's address), or a server an
+    # operator made read-only for maintenance (default_transaction_read_only). Writes pass once it is writable.
+    return (asyncpg.exceptions.ReadOnlySQLTransactionError,)
+
+
+def is_read_only(error: BaseException) -> bool:
+    """True when ``error``, or an error it was raised from, is the database refusing writes for now (read-only)."""
+    read_only = _postgres_read_only()
+    return any(isinstance(cause, read_only) for cause in causes(error))
 
 
 def is_shortage(error: BaseException) -> bool:
@@ -167,11 +186,12 @@ async def wait_out(
             began = now if began is None else began
             waited = now - began
             if waited >= patience:
-                fix = (
-                    "free disk space, memory or connections where it runs"
-                    if is_shortage(error)
-                    else "restart it (`kf up` for the embedded servers)"
-                )
+                if is_shortage(error):
+                    fix = "free disk space, memory or connections where it runs"
+                elif is_read_only(error):
+                    fix = "make it writable (end the maintenance, or point KF_DATABASE_URL at the primary)"
+                else:
+                    fix = "restart it (`kf up` for the embedded servers)"
                 raise InfrastructureError(
                     f"{what} stayed unreachable for {waited:.0f} s, past the outage patience of {patience:g} s "
                     f"({type(error).__name__}: {error}); {fix}, or raise KF_OUTAGE_PATIENCE_S to wait longer"

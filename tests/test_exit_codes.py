@@ -449,4 +449,4 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
     assert logged["problem"] == COPY_PROBLEM and logged["generations"] == 50
     assert_status(said, exit_status.FAILED)
     assert said.out.startswith("[terminated] ") and "(from the event log: no worker answers" in said.out
-    assert said.err == f"kf: search {handle.id} terminated\n", said.err
+    assert said.err == f"kf: search {handle.id} terminated: stopped by the test\n", said.err

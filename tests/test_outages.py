@@ -117,6 +117,46 @@ async def test_a_database_short_of_disk_is_waited_out_and_loses_nothing(store: E
     assert not is_shortage(bad_sql.value)
 
 
+async def test_a_database_that_refuses_writes_for_a_while_is_waited_out(store: EventStore, fresh_db_url: str) -> None:
+    # Made read-only for maintenance, as an operator does: every new session of the database defaults to read-only
+    # (the store's sessions are made to start again, as a failover to a standby would make them).
+    event = NewEvent(event_id="search-read-only/started", type="search.started", payload={"problem": "softmax"})
+    database = await store.pool.fetchval("SELECT current_database()")
+    admin = await asyncpg.connect(fresh_db_url)
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+        await store.pool.expire_connections()  # the store's sessions start again, under the database's default
+        with pytest.raises(asyncpg.exceptions.ReadOnlySQLTransactionError) as refused:
+            await store.append("search-read-only", [event])
+        assert is_outage(refused.value) and not is_shortage(refused.value)
+        status, line = classify(refused.value) or (None, "")
+        assert status == exit_status.MACHINE and line.startswith("Postgres refused to write: it is read-only"), line
+        said: list[str] = []
+
+        async def writable_again() -> None:
+            while not said:
+                await asyncio.sleep(0.05)
+            await admin.execute(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+            await store.pool.expire_connections()
+
+        recorded, _ = await asyncio.gather(
+            wait_out(lambda: store.append("search-read-only", [event]), what="Postgres", say=said.append),
+            writable_again(),
+        )
+        assert [e.event_id for e in recorded] == [event.event_id] and "ReadOnlySQLTransactionError" in said[0]
+        assert [e.event_id for e in await store.read_stream("search-read-only")] == [event.event_id]
+        # Past the patience the fix named is to make it writable, not to restart it.
+        await admin.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+        await store.pool.expire_connections()
+        with pytest.raises(InfrastructureError) as gave_up:
+            other = event.model_copy(update={"event_id": "search-read-only/other"})
+            await wait_out(lambda: store.append("search-read-only", [other]), what="Postgres", patience_s=0.2)
+        assert "make it writable" in str(gave_up.value)
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+        await admin.close()
+
+
 @pytest.mark.parametrize(
     ("error", "outage"),
     [
@@ -125,6 +165,7 @@ async def test_a_database_short_of_disk_is_waited_out_and_loses_nothing(store: E
         (asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation"), True),
         (asyncpg.exceptions.CannotConnectNowError("the database system is starting up"), True),
         (asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"), True),
+        (asyncpg.exceptions.QueryCanceledError("canceling statement due to user request"), True),
         (FileNotFoundError(2, "No such file or directory"), False),  # not raised by the driver: a bug
         (asyncpg.exceptions.UniqueViolationError("duplicate key"), False),
         (ValueError("a kernel's bad value"), False),
