@@ -437,7 +437,7 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
             if asked.status == "paused" and not asked.step:
                 break
             await asyncio.sleep(0.2)
-        await handle.terminate("stopped by the test")
+        await handle.terminate(reason="stopped by the test")
     # No worker now: the query cannot be answered, the log tells the search instead (exit 1: it did not complete).
     shown, said = await kf_many([["search", "show", handle.id, "--json"], ["search", "show", handle.id]], env)
     assert_status(shown, exit_status.FAILED)
