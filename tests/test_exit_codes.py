@@ -132,6 +132,14 @@ def unbuildable_problem() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def services_env(tmp_path: Path, temporal_env: WorkflowEnvironment, database_url: str) -> dict[str, str]:
+    """The environment of a `kf` command on the test's Temporal dev server and database."""
+    return base_env(tmp_path / "kf") | {
+        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "KF_DATABASE_URL": database_url,
+    }
+
+
 async def test_every_client_command_exits_with_its_status_every_time(
     temporal_env: WorkflowEnvironment,
     store: EventStore,
@@ -141,10 +149,7 @@ async def test_every_client_command_exits_with_its_status_every_time(
     unbuildable_problem: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env = base_env(tmp_path / "kf") | {
-        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "KF_DATABASE_URL": fresh_db_url,
-    }
+    env = services_env(tmp_path, temporal_env, fresh_db_url)
     # A tiny search: its seed kernel alone (one candidate).
     tiny = ["--prefix", prefix, "--max-candidates", "1"]
     tiny += ["--spec", json.dumps({"heartbeat_seconds": 5, "worker_wait_seconds": 30})]
@@ -320,10 +325,7 @@ async def test_a_search_that_ended_before_its_first_event_is_said_to_exist(
     temporal_env: WorkflowEnvironment, store: EventStore, fresh_db_url: str, prefix: str, tmp_path: Path
 ) -> None:
     # Started from the Web UI with a bad input, the search fails at once: Temporal has it, the log has nothing.
-    env = base_env(tmp_path / "kf") | {
-        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "KF_DATABASE_URL": fresh_db_url,
-    }
+    env = services_env(tmp_path, temporal_env, fresh_db_url)
     async with running_worker(temporal_env.client, store, prefix):
         handle = await start(temporal_env.client, prefix, {"problem": "softmax", "generations": 0})
         with pytest.raises(WorkflowFailureError):
@@ -419,10 +421,7 @@ async def test_a_follower_stopped_says_the_search_goes_on(
 async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_answers(
     temporal_env: WorkflowEnvironment, store: EventStore, fresh_db_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    env = base_env(tmp_path / "kf") | {
-        "KF_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "KF_DATABASE_URL": fresh_db_url,
-    }
+    env = services_env(tmp_path, temporal_env, fresh_db_url)
     client = temporal_env.client
     spec = {"problem": COPY_PROBLEM, "generations": 50, "candidates_per_generation": 2, "seed": 3, **QUICK}
     async with running_worker(client, store, prefix):

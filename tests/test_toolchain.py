@@ -112,31 +112,36 @@ def test_a_nearly_full_scratch_disk_makes_a_failed_compile_the_machines(
     assert compile_source(load_problem("softmax"), seed, cache_dir=tmp_path).verdict == Verdict.ok
 
 
-@pytest.fixture
-def broken_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """CC pointing at a compiler that answers --version but fails every build, as one whose cc1 or assembler is
-    gone does; in a folder the sandbox's unprivileged user can run it from."""
-    folder = Path(tempfile.mkdtemp(prefix="kf-broken-cc-"))
+def wrapped_compiler(monkeypatch: pytest.MonkeyPatch, prelude: str) -> Iterator[Path]:
+    """CC pointing at a shell script that runs ``prelude`` and then the real compiler, in a folder the sandbox's
+    unprivileged user can run it from."""
+    folder = Path(tempfile.mkdtemp(prefix="kf-wrapped-cc-"))
     folder.chmod(0o755)
     wrapper = folder / "cc"
     real = shutil.which("cc") or shutil.which("gcc")
     assert real is not None
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        'for arg in "$@"; do\n'
-        '  if [ "$arg" = "-o" ]; then\n'
-        "    echo \"cc: fatal error: cannot execute 'cc1': execvp: No such file or directory\" >&2\n"
-        "    exit 1\n"
-        "  fi\n"
-        "done\n"
-        f'exec {real} "$@"\n'
-    )
+    wrapper.write_text(f'#!/bin/sh\n{prelude}exec {real} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("CC", str(wrapper))
     try:
         yield wrapper
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def broken_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """CC pointing at a compiler that answers --version but fails every build, as one whose cc1 or assembler is
+    gone does."""
+    yield from wrapped_compiler(
+        monkeypatch,
+        'for arg in "$@"; do\n'
+        '  if [ "$arg" = "-o" ]; then\n'
+        "    echo \"cc: fatal error: cannot execute 'cc1': execvp: No such file or directory\" >&2\n"
+        "    exit 1\n"
+        "  fi\n"
+        "done\n",
+    )
 
 
 def test_a_compiler_that_fails_on_every_source_is_the_machines_failure(broken_compiler: Path, tmp_path: Path) -> None:
@@ -179,18 +184,7 @@ def short_compile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
 def stalled_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """CC pointing at a compiler that waits without running (as one on a paused machine, or kept off every CPU,
     does) before it compiles."""
-    folder = Path(tempfile.mkdtemp(prefix="kf-stalled-cc-"))
-    folder.chmod(0o755)
-    wrapper = folder / "cc"
-    real = shutil.which("cc") or shutil.which("gcc")
-    assert real is not None
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *--version*) ;; *) sleep 30 ;; esac\nexec {real} "$@"\n')
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("CC", str(wrapper))
-    try:
-        yield wrapper
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    yield from wrapped_compiler(monkeypatch, 'case "$*" in *--version*) ;; *) sleep 30 ;; esac\n')
 
 
 @pytest.mark.usefixtures("short_compile_limit", "stalled_compiler")
