@@ -655,7 +655,7 @@ def run_show(args: argparse.Namespace) -> int:
         for hint in status.hints:
             print(f"hint: {hint}")
         if status.from_log:
-            print("(from the event log: no worker answers; LLM spend and hints added while it ran are not there)")
+            print("(from the event log: no worker answers for this search)")
         print(f"UI: {ui_url(status.search_id)}")
     if how is not None:
         # A search that ended without its result: exit 1, as `--wait` does (cli/exit_status.py).

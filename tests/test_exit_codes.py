@@ -430,6 +430,7 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
             if (await search_client.queried_status(client, handle.id)).candidates_done >= 2:
                 break
             await asyncio.sleep(0.2)
+        await search_client.send_update(client, handle.id, "add_hint", "try the widest vectors")
         await search_client.send_update(client, handle.id, "pause")
         for _ in range(600):  # paused with nothing under way: the workflow's state and the log agree
             asked = await search_client.queried_status(client, handle.id)
@@ -443,7 +444,9 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
     logged = json.loads(shown.out)
     assert logged["status"] == "terminated" and logged["from_log"] is True
     assert asked.candidates_done >= 2 and asked.best_speedup is not None
-    for field in ("candidates_done", "verdict_counts", "harness_errors", "best_speedup", "incumbent_id", "timings"):
+    assert asked.hints == ["try the widest vectors"]
+    shared = ("candidates_done", "verdict_counts", "harness_errors", "best_speedup", "incumbent_id", "timings")
+    for field in (*shared, "llm_spend_usd", "hints", "max_candidates"):
         assert logged[field] == getattr(asked, field), (field, logged[field], getattr(asked, field))
     assert logged["problem"] == COPY_PROBLEM and logged["generations"] == 50
     assert_status(said, exit_status.FAILED)

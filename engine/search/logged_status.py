@@ -1,10 +1,11 @@
 """A closed search's progress as its event log tells it, for `kf search show` when no worker is left to answer the
 `status` query of a search that failed or was terminated (a completed one keeps its progress in its result).
 
-The log holds every candidate's steps, the promotions and the spec the search started with, so the figures a user
-reads first -- verdicts, candidates judged, harness errors, the incumbent and its interval, timings -- come out as
-the workflow kept them. What only the workflow kept is not there: LLM spend, and hints added while it ran (the
-spec's own are); ``from_log`` says the status was built so."""
+The log holds every candidate's steps, the promotions, the spec the search started with, each proposal's LLM spend
+(``generation.proposed``) and the hints added while it ran (``search.hint_added``), so the figures a user reads --
+verdicts, candidates judged, harness errors, the incumbent and its interval, timings, spend, hints -- come out as the
+workflow kept them. What was under way when it ended (the running step, the generation's fastest candidate before
+its promotion) is not; ``from_log`` says the status was built so."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ def logged_status(history: SearchHistory, status: str, *, problem: str | None, t
     generations = [record.generation for record in history.candidates.values() if record.generation is not None]
     timings = history.timings
     incumbent = history.incumbent
+    hints = [str(hint) for hint in spec.get("hints") or []]
+    spent = 0.0
+    for event in history.events:
+        if event.type == "generation.proposed":
+            spent += float(event.payload.get("spent_usd") or 0.0)
+        elif event.type == "search.hint_added" and event.payload.get("text"):
+            hints.append(str(event.payload["text"]))
     return SearchStatus(
         search_id=history.search_id,
         problem=str(spec.get("problem") or problem or "?"),
@@ -38,8 +46,8 @@ def logged_status(history: SearchHistory, status: str, *, problem: str | None, t
         best_speedup=incumbent.speedup if incumbent else None,
         incumbent=f"{incumbent.candidate.label} ({incumbent.candidate.candidate_id[:12]})" if incumbent else None,
         incumbent_id=incumbent.candidate.candidate_id if incumbent else None,
-        llm_spend_usd=0.0,
-        hints=[str(hint) for hint in spec.get("hints") or []],
+        llm_spend_usd=spent,
+        hints=hints,
         best_ci_low=incumbent.ci_low if incumbent else None,
         best_ci_high=incumbent.ci_high if incumbent else None,
         best_roofline_fraction=incumbent.roofline_fraction if incumbent else None,

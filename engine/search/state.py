@@ -215,7 +215,7 @@ class SearchStatus(BaseModel):
     "final playoff round 1 of 3"; empty between steps and once the search has ended."""
     from_log: bool = False
     """Built from the event log, not answered by the workflow (a search that failed or was terminated, with no
-    worker left to answer; engine/search/logged_status.py): LLM spend and hints added while it ran are not there."""
+    worker left to answer; engine/search/logged_status.py): what was under way when it ended is not there."""
 
 
 class SearchResult(BaseModel):
