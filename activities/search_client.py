@@ -99,6 +99,8 @@ _CLOSED = {
     WorkflowExecutionStatus.TIMED_OUT: "timed_out",
     WorkflowExecutionStatus.CANCELED: "canceled",
 }
+CLOSED_WITHOUT_RESULT = frozenset(_CLOSED.values())
+"""How a search can end without its result (failed, terminated, timed_out, canceled)."""
 
 
 async def search_status(client: Client, search_id: str) -> SearchStatus:
@@ -221,27 +223,29 @@ async def list_searches(client: Client, limit: int = 50) -> list[dict[str, Any]]
 async def how_it_ended(client: Client, search_id: str) -> str | None:
     """How Temporal says the search ``search_id`` ended, for people: its status, and a failed one's reason
     (``failed: <message>``); ``running`` while it runs; None when Temporal holds no such search."""
-    handle = client.get_workflow_handle(search_id)
     try:
-        status = (await handle.describe()).status
+        status = (await client.get_workflow_handle(search_id).describe()).status
     except RPCError as error:
         if error.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
     if status is None or status == WorkflowExecutionStatus.RUNNING:
         return "running"
-    how = _CLOSED.get(status, status.name.lower())
-    if status == WorkflowExecutionStatus.TERMINATED:
+    return await why_it_ended(client, search_id, _CLOSED.get(status, status.name.lower()))
+
+
+async def why_it_ended(client: Client, search_id: str, closed: str) -> str:
+    """How a closed search ended (``closed``: one of CLOSED_WITHOUT_RESULT, or ``completed``) for people, with the
+    reason a failed or terminated one gave (``terminated: <reason>``)."""
+    reason: str | None = None
+    if closed == "terminated":
         reason = await _termination_reason(client, search_id)
-        if reason:
-            how += f": {' '.join(reason.split())}"
-    if status == WorkflowExecutionStatus.FAILED:
+    if closed == "failed":
         try:
-            await handle.result(follow_runs=False)
+            await client.get_workflow_handle(search_id).result(follow_runs=False)
         except WorkflowFailureError as error:
-            cause = getattr(error.cause, "message", None) or str(error.cause or error)
-            how += f": {' '.join(str(cause).split())}"
-    return how
+            reason = str(getattr(error.cause, "message", None) or error.cause or error)
+    return f"{closed}: {' '.join(reason.split())}" if reason else closed
 
 
 async def _termination_reason(client: Client, search_id: str) -> str | None:

@@ -27,6 +27,7 @@ from engine.connections import database_url
 from engine.errors import UserError
 from engine.input_errors import allowed, explain
 from engine.outages import FIRST_DELAY_S, MAX_DELAY_S, wait_out
+from engine.search.candidates import short_name
 from engine.search.spec import Budget, ProposerKind, SearchSpec, check_hint
 from engine.search.state import SearchResult, SearchStatus
 
@@ -537,7 +538,7 @@ def final_status(last: SearchStatus, result: SearchResult) -> SearchStatus:
             "best_ci_low": result.best_ci_low,
             "best_ci_high": result.best_ci_high,
             "best_roofline_fraction": result.best_roofline_fraction,
-            "incumbent": f"{inc.label} ({inc.candidate_id[:12]})" if inc else None,
+            "incumbent": short_name(inc.label, inc.candidate_id) if inc else None,
             "incumbent_id": inc.candidate_id if inc else None,
             "leading_speedup": None,
             "leading": None,
@@ -577,7 +578,7 @@ def format_result(result: SearchResult, as_json: bool) -> str:
         )
     if inc is not None and result.best_speedup is not None:
         lines.append(
-            f"  incumbent: {inc.label} ({inc.candidate_id[:12]}) — {result.best_speedup:.3f}x vs numpy "
+            f"  incumbent: {short_name(inc.label, inc.candidate_id)} — {result.best_speedup:.3f}x vs numpy "
             f"[{result.best_ci_low:.3f}, {result.best_ci_high:.3f}]"
             + (
                 f", {result.best_roofline_fraction:.1%} of the roofline"
@@ -627,7 +628,7 @@ def run_show(args: argparse.Namespace) -> int:
         return _following([args.search_id], lambda: asyncio.run(_follow_existing(args.search_id, args.json)))
 
     async def go() -> tuple[SearchStatus, str | None]:
-        from activities.search_client import how_it_ended, search_status, status_from_log
+        from activities.search_client import CLOSED_WITHOUT_RESULT, search_status, status_from_log, why_it_ended
         from activities.temporal_client import connect, no_worker
 
         client = await connect()
@@ -642,8 +643,8 @@ def run_show(args: argparse.Namespace) -> int:
             if logged is None:
                 raise
             status = logged
-        ended = status.status in ("failed", "terminated", "timed_out", "canceled")
-        return status, (await how_it_ended(client, args.search_id) if ended else None)
+        ended = status.status in CLOSED_WITHOUT_RESULT  # said so by Temporal's description: no need to ask again
+        return status, (await why_it_ended(client, args.search_id, status.status) if ended else None)
 
     status, how = asyncio.run(go())
     if args.json:

@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
 
     from engine.evidence.events import StreamHead
     from engine.input_errors import explain
-    from engine.search.candidates import Candidate
+    from engine.search.candidates import Candidate, short_name
     from engine.search.console import current_details
     from engine.search.promotion import choose_promotion, clears_margin, could_beat, readings_to_remeasure, shaky
     from engine.search.spec import (
@@ -865,7 +865,7 @@ class KernelSearch:
             verdict_counts=dict(state.verdict_counts),
             harness_errors=len(state.harness_errors),
             best_speedup=inc.speedup if inc else None,
-            incumbent=f"{inc.candidate.label} ({inc.candidate.candidate_id[:12]})" if inc else None,
+            incumbent=short_name(inc.candidate.label, inc.candidate.candidate_id) if inc else None,
             incumbent_id=inc.candidate.candidate_id if inc else None,
             llm_spend_usd=state.llm_spend_usd,
             hints=list(state.spec.hints),
@@ -873,7 +873,7 @@ class KernelSearch:
             best_ci_high=inc.ci_high if inc else None,
             best_roofline_fraction=inc.roofline_fraction if inc else None,
             leading_speedup=leading.speedup if leading else None,
-            leading=f"{leading.label} ({leading.candidate_id[:12]})" if leading else None,
+            leading=short_name(leading.label, leading.candidate_id) if leading else None,
             step=self._step_text(),
             max_candidates=state.spec.budget.max_candidates,
             timings=state.timings,

@@ -15,6 +15,11 @@ def candidate_id(source: str, flags: list[str] | None) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def short_name(label: str, candidate_id: str) -> str:
+    """How people see a candidate in one line: its label and the first 12 characters of its id."""
+    return f"{label} ({candidate_id[:12]})"
+
+
 class Candidate(BaseModel):
     """One kernel to evaluate, and where it came from."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.search.candidates import short_name
 from engine.search.history import SearchHistory, was_busy
 from engine.search.state import SearchStatus
 
@@ -44,7 +45,7 @@ def logged_status(history: SearchHistory, status: str, *, problem: str | None, t
         verdict_counts=counts,
         harness_errors=len(history.harness_errors),
         best_speedup=incumbent.speedup if incumbent else None,
-        incumbent=f"{incumbent.candidate.label} ({incumbent.candidate.candidate_id[:12]})" if incumbent else None,
+        incumbent=short_name(incumbent.candidate.label, incumbent.candidate.candidate_id) if incumbent else None,
         incumbent_id=incumbent.candidate.candidate_id if incumbent else None,
         llm_spend_usd=spent,
         hints=hints,
