@@ -16,7 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
+from loaded_machine import slowed
 
 from engine.harness.cuda import compile as compile_module
 from engine.harness.cuda import nvrtc
@@ -377,6 +379,13 @@ def test_limits_are_per_arch() -> None:
     assert check_limits(Launch(grid=(2**31, 1, 1), block=(1, 1, 1)), "sm_90") is not None
 
 
+def resume(children: list[nvrtc._Child]) -> None:
+    """SIGCONT to each of ``children`` still there (a held one was killed)."""
+    for child in children:
+        if child.process.poll() is None:
+            os.kill(child.process.pid, signal.SIGCONT)
+
+
 def test_a_compile_the_machine_kept_from_running_is_held_not_the_sources_timeout(
     softmax: Problem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -388,6 +397,7 @@ def test_a_compile_the_machine_kept_from_running_is_held_not_the_sources_timeout
         os.kill(child.process.pid, signal.SIGSTOP)
     held = nvrtc.run_nvrtc(SCALE, options, timeout_s=1)
     assert held.status == "held" and "held it back" in held.message, held
+    resume(idle)  # the machine runs again: the other idle children (earlier tests may leave several) are fine
     assert nvrtc.run_nvrtc(SCALE, options).status == "ok"  # a held child is never reused
     # The compile's verdict: the machine's (harness_error), not cached, so the next attempt compiles again.
     real = nvrtc.run_nvrtc
@@ -400,5 +410,22 @@ def test_a_compile_the_machine_kept_from_running_is_held_not_the_sources_timeout
     result = compile_cuda(softmax, SCALE, arch="sm_90", cache_dir=tmp_path)
     assert result.verdict == Verdict.harness_error and result.error_category == "harness", result
     assert not list(tmp_path.rglob("*.json"))
+    resume(idle)
     monkeypatch.undo()
     assert compile_cuda(softmax, SCALE, arch="sm_90", cache_dir=tmp_path).verdict == Verdict.ok
+
+
+def test_a_compile_a_loaded_machine_slows_past_its_limit_gets_the_time_it_needs() -> None:
+    # 2^15 forced-inline calls: about 0.25 s of CPU at full speed, about 2.5 s at a tenth of a CPU: past a 1 s
+    # limit, but never without running. Before, it was held at the limit (the machine's, compiled again).
+    source = BUSY.replace("F<40>", "F<15>")
+    options = ["--gpu-architecture=sm_90"]
+    assert nvrtc.run_nvrtc(SCALE, options).status == "ok"  # leaves an idle child to slow down
+    with nvrtc._POOL.lock:
+        children = [psutil.Process(child.process.pid) for child in nvrtc._POOL.idle]
+    with slowed(lambda: children, share=0.1):
+        started = time.monotonic()
+        compiled = nvrtc.run_nvrtc(source, options, timeout_s=1)
+        seconds = time.monotonic() - started
+    assert compiled.status == "ok", compiled
+    assert seconds > 1, f"the throttle did not slow the compile ({seconds:.1f} s)"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from engine.harness.compile_patience import CompilePatience
 from engine.harness.sandbox import tree_cpu_seconds
 
 CHILD = Path(__file__).with_name("nvrtc_child.py")
@@ -41,10 +42,6 @@ ADDRESS_SPACE_BYTES = 8 << 30
 # Variables a child may see: where the CUDA libraries are, if the machine says so. No API keys or tokens.
 _ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TMPDIR")
 _READ_CHUNK = 1 << 16
-HAD_ITS_CPU = 0.5
-"""Share of its limit a compile must have run on a CPU for reaching the limit to be the source's fault: what a
-source makes NVRTC do is CPU work, so a child that ran less was kept waiting by the machine (see
-engine/harness/cpu.held_back, the C compiler's rule)."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +50,8 @@ class NvrtcOutcome:
 
     status: Literal["ok", "failed", "timeout", "held", "crashed"]
     """ok: a cubin; failed: NVRTC refused the source (the log says why); timeout: stopped at the wall-clock
-    limit while compiling; held: stopped there though the child had run less than HAD_ITS_CPU of the limit on a
-    CPU -- the machine kept it waiting, so it says nothing of the source; crashed: the child died or NVRTC failed
+    limit while compiling; held: the machine kept the child from running past its limit (see
+    engine/harness/compile_patience.py), so it says nothing of the source; crashed: the child died or NVRTC failed
     outside compilation (``message`` says how)."""
     log: str = ""
     """NVRTC's log: errors and warnings, and ptxas's resource report (with ``--ptxas-options=-v``)."""
@@ -137,7 +134,7 @@ class _Child:
     def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one request and wait for its reply line."""
         assert self.process.stdin is not None and self.process.stdout is not None
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
         ran_before = tree_cpu_seconds(self.process.pid)
         try:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -145,13 +142,18 @@ class _Child:
         except (BrokenPipeError, OSError) as error:
             message = f"the NVRTC child died before it read the source ({error})"
             raise _Stopped("crashed", message, before_source=True) from None
+        # The C compiler's rule (engine/harness/compile_patience.py): a compile a loaded machine slows is given
+        # more time while it runs, and one that gains no CPU time past its limit is the machine's.
+        patience = CompilePatience(timeout_s)
         descriptor = self.process.stdout.fileno()
         with selectors.DefaultSelector() as selector:
             selector.register(descriptor, selectors.EVENT_READ)
             while b"\n" not in self.pending:
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
-                    raise self._past_limit(timeout_s, ran_before)
+                elapsed = time.monotonic() - started
+                if patience.decide(elapsed, lambda: self._ran_since(ran_before)) is not None:
+                    raise _Stopped(patience.stop or "timeout", f"NVRTC stopped: {patience.reason()}")
+                if not selector.select(patience.next_check_s(elapsed)):
+                    continue
                 chunk = os.read(descriptor, _READ_CHUNK)
                 if not chunk:
                     code = self.process.wait()
@@ -162,16 +164,10 @@ class _Child:
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    def _past_limit(self, timeout_s: float, ran_before: float | None) -> _Stopped:
-        """The compile's stop at its limit: the source's timeout when NVRTC was working on it, else the machine's."""
-        ran_after = tree_cpu_seconds(self.process.pid)
-        if ran_before is not None and ran_after is not None and ran_after - ran_before < HAD_ITS_CPU * timeout_s:
-            return _Stopped(
-                "held",
-                f"NVRTC reached its {timeout_s:g} s limit having run only {ran_after - ran_before:.1f} s on a CPU: "
-                "the machine held it back (overloaded or paused)",
-            )
-        return _Stopped("timeout", f"NVRTC ran past its {timeout_s:g} s limit and was stopped")
+    def _ran_since(self, ran_before: float | None) -> float | None:
+        """CPU seconds the child has run since it was sent the request (None where it cannot be told)."""
+        ran_now = tree_cpu_seconds(self.process.pid)
+        return None if ran_before is None or ran_now is None else ran_now - ran_before
 
     def stderr_tail(self, limit: int = 2000) -> str:
         try:
