@@ -319,7 +319,9 @@ class KernelSearch:
             # target's own queue (it is built for that ISA).
             queue = compile_queue(state.spec.task_queue_prefix, self._target_name())
             self._doing[candidate.candidate_id] = "compiling"
-            compiled = await self._hardware("kf.compile", step, minutes=10, queue=queue)
+            # Two compiler runs, each of which a loaded machine may stretch to four times its two minutes
+            # (engine/harness/compile_patience.py): the activity outlasts both.
+            compiled = await self._hardware("kf.compile", step, minutes=20, queue=queue)
             self._witness(compiled.head)
             outcome.verdict, outcome.artifact_id = compiled.verdict, compiled.artifact_id
             if compiled.verdict == "ok":
