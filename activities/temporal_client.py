@@ -11,7 +11,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from engine.config import temporal_namespace
 from engine.connections import temporal_address
-from engine.errors import ConfigurationError, ServiceUnavailable
+from engine.errors import ConfigurationError, InfrastructureError, ServiceUnavailable
 from engine.outages import causes, is_outage
 
 _UNREACHABLE = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED)
@@ -62,6 +62,8 @@ def unreachable(error: BaseException) -> bool:
     restarting, a network in between, or refusing calls for load -- rather than answering: an outage to wait out,
     not news about a search."""
     for current in causes(error):
+        if isinstance(current, InfrastructureError):
+            return False  # an outage already waited out past its patience (engine/outages.py): never waited out twice
         # "h2 protocol error": the HTTP/2 connection under the client broke (seen once on the call after a query
         # that ran out its deadline): the connection's failure, not an answer.
         if isinstance(current, RPCError) and (current.status in _UNREACHABLE or connection_broke(current)):

@@ -194,6 +194,11 @@ def test_an_unreachable_temporal_is_told_from_an_answer() -> None:
         raise ConfigurationError("cannot reach Temporal") from connect_failed
     except ConfigurationError as wrapped:
         assert unreachable(wrapped)
+    # An outage already waited out past its patience is reported, not waited out again, whatever it wraps.
+    try:
+        raise InfrastructureError("Temporal unreachable for 300 s") from ConnectionRefusedError(111, "refused")
+    except InfrastructureError as given_up:
+        assert not unreachable(given_up) and not is_outage(given_up)
 
 
 def test_a_query_no_worker_answered_is_said_as_no_worker_whichever_side_timed_it_out() -> None:
