@@ -180,7 +180,7 @@ def short_compile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 2 s wall-clock limit for each compiler run, of which a quarter on a CPU makes a stop the source's: enough
     on a busy two-core machine for a compiler that works the whole time, and far above one that never runs."""
     monkeypatch.setattr(cpu, "COMPILE_LIMITS", dataclasses.replace(cpu.COMPILE_LIMITS, wall_seconds=2.0))
-    monkeypatch.setattr(compile_patience, "HAD_ITS_CPU", 0.25)
+    monkeypatch.setattr(cpu, "COMPILE_HAD_ITS_CPU", 0.25)
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_a_compile_a_loaded_machine_slows_past_its_limit_gets_the_time_it_needs(
 ) -> None:
     # A template setting's compile takes about 0.3 s of CPU: at a tenth of a CPU, about 3 s, past the 2 s limit,
     # and well short of the second of CPU (half the limit) that would make it the source's timeout.
-    monkeypatch.setattr(compile_patience, "HAD_ITS_CPU", 0.5)
+    monkeypatch.setattr(cpu, "COMPILE_HAD_ITS_CPU", 0.5)
     problem = load_problem("softmax")
     source = problem.render_template(template_space(problem)[-1])
     started = time.monotonic()

@@ -52,6 +52,8 @@ class CompilePatience:
 
     limit_s: float
     """The compile's wall-clock limit on an idle machine."""
+    had_its_cpu: float = HAD_ITS_CPU
+    """Share of the limit on a CPU that makes a stop the source's (each compiler's own setting)."""
     cpu_s: float | None = None
     """The compile's CPU seconds at the last reading past the limit (None before, or where it cannot be read)."""
     stop: Stop | None = None
@@ -79,7 +81,7 @@ class CompilePatience:
         cpu = read_cpu()
         if cpu is None:
             self.stop = "timeout"  # what it ran cannot be told: the source's, as a limit always was
-        elif cpu >= HAD_ITS_CPU * self.limit_s:
+        elif cpu >= self.had_its_cpu * self.limit_s:
             self.stop = "timeout"
         elif elapsed_s >= self.longest_s:
             self.stop = "held"

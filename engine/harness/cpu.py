@@ -40,7 +40,7 @@ from pathlib import Path
 from engine import config
 from engine.errors import UserError
 from engine.hardware import c_compiler, compiler_version, cpu_target
-from engine.harness.compile_patience import CompilePatience
+from engine.harness.compile_patience import HAD_ITS_CPU, CompilePatience
 from engine.harness.includes import assembly_refusal, include_refusal
 from engine.harness.sandbox import Sandbox, SandboxLimits, SandboxOutcome, tree_cpu_seconds
 from engine.harness.screen import ScreenResult, screen_library
@@ -380,10 +380,14 @@ def _machine_or(failed: CompileResult, scratch: Path, compiler: str) -> CompileR
     )
 
 
+COMPILE_HAD_ITS_CPU = HAD_ITS_CPU
+"""Share of its wall-clock limit a gcc compile must have run on a CPU for a stop to be the source's fault."""
+
+
 def _run_compiler(sandbox: Sandbox, command: list[str]) -> tuple[SandboxOutcome, CompilePatience]:
     """Run one compiler step in ``sandbox`` under COMPILE_LIMITS, its wall-clock limit stretched while a loaded
     machine slows it (engine/harness/compile_patience.py); the rule's decision comes back with the outcome."""
-    patience = CompilePatience(COMPILE_LIMITS.wall_seconds)
+    patience = CompilePatience(COMPILE_LIMITS.wall_seconds, COMPILE_HAD_ITS_CPU)
     # The sandbox's own limit is the backstop: the watch stops the compile before it.
     limits = dataclasses.replace(COMPILE_LIMITS, wall_seconds=patience.longest_s + 5.0)
     process = sandbox.start(command, limits)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from engine.harness.compile_patience import CompilePatience
+from engine.harness import compile_patience
 from engine.harness.sandbox import tree_cpu_seconds
 
 CHILD = Path(__file__).with_name("nvrtc_child.py")
@@ -42,6 +42,8 @@ ADDRESS_SPACE_BYTES = 8 << 30
 # Variables a child may see: where the CUDA libraries are, if the machine says so. No API keys or tokens.
 _ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TMPDIR")
 _READ_CHUNK = 1 << 16
+HAD_ITS_CPU = compile_patience.HAD_ITS_CPU
+"""Share of its limit an NVRTC compile must have run on a CPU for a stop to be the source's fault."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ class _Child:
             raise _Stopped("crashed", message, before_source=True) from None
         # The C compiler's rule (engine/harness/compile_patience.py): a compile a loaded machine slows is given
         # more time while it runs, and one that gains no CPU time past its limit is the machine's.
-        patience = CompilePatience(timeout_s)
+        patience = compile_patience.CompilePatience(timeout_s, HAD_ITS_CPU)
         descriptor = self.process.stdout.fileno()
         with selectors.DefaultSelector() as selector:
             selector.register(descriptor, selectors.EVENT_READ)
