@@ -90,6 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kernel_tuner_peer  # after the path set-up
 from local_stack import local_postgres
+from problem_args import problem_list
 
 from engine.config import kf_home
 from engine.evidence.migrations import migrate
@@ -154,6 +155,9 @@ async def landscape_store(database_url: str | None) -> AsyncIterator[EventStore]
     async with contextlib.AsyncExitStack() as stack:
         if database_url is None:
             folder = kf_home() / "bench" / "landscapes"
+            # KF_HOME defaults to ./.kf: run from another folder, this finds none of the landscapes recorded before
+            # and records them again (about ten minutes a problem), so where they are looked for is said first.
+            say(f"landscapes: {folder} (set KF_HOME or --database-url to use those recorded elsewhere)")
             folder.parent.mkdir(parents=True, exist_ok=True)
             database_url = stack.enter_context(local_postgres(folder))
         await migrate(database_url)
@@ -461,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.first_seed < 0:
         # numpy's generators take no negative seed, and would say so only after the landscapes were loaded.
         parser.error(f"--first-seed {args.first_seed}: a seed is 0 or more")
-    problems = [p for p in args.problems.split(",") if p]
+    problems = list(problem_list(parser, "--problems", args.problems))
     command = "python bench/search_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
     found = asyncio.run(landscapes(args, problems))
     figures: dict[str, Any] = {

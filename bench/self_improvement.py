@@ -66,9 +66,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from local_stack import local_postgres, local_temporal
 from local_stack import run_search as run_to_end
+from problem_args import problem_list
 from temporalio.client import Client
 
-from engine.errors import UserError
 from engine.evidence.events import NewEvent, RecordedEvent
 from engine.evidence.lessons import lessons_for
 from engine.evidence.migrations import migrate
@@ -390,17 +390,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/self_improvement.py", *sys.argv[1:]]),
     }
     return figures
-
-
-def problem_list(parser: argparse.ArgumentParser, option: str, text: str) -> tuple[str, ...]:
-    """A comma-separated list of built-in problem names, each loaded once to check it exists."""
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    for name in names:
-        try:
-            load_problem(name)
-        except UserError as error:
-            parser.error(f"{option}: {error}")
-    return names
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -514,6 +514,20 @@ def test_a_negative_first_seed_is_refused_before_any_landscape_is_loaded(
     assert "--first-seed -1: a seed is 0 or more" in capsys.readouterr().err
 
 
+def test_an_unknown_problem_is_refused_by_name_before_any_landscape_is_recorded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    # Before, the known problem's landscape was recorded first (minutes) and the unknown one ended in a traceback.
+    with pytest.raises(SystemExit) as stopped:
+        search_quality.main(["--problems", "kda,copy", "--database-url", "postgresql://127.0.0.1:1/x"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "--problems: unknown problem 'copy'" in err and "softmax" in err, err
+
+
 def test_a_landscape_says_how_firm_its_optimum_is(monkeypatch: pytest.MonkeyPatch) -> None:
     """The figures name the optimum's own readings and how far a setting's readings disagree, so a reader can
     tell a landscape whose 1 is a lucky reading from one whose readings agree."""
