@@ -305,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=8, help="compiles and validations side by side")
     args = parser.parse_args(argv)
+    from engine.problems import builtin_problems
+
+    cuda_problems = builtin_problems("cuda")
+    named = [n.strip() for n in args.problems.split(",") if n.strip()]
+    unknown = [n for n in named if n not in cuda_problems]
+    if unknown:
+        # Said before the GPU is looked for: a typo on a machine without one would otherwise read as a skip.
+        parser.error(f"--problems: no CUDA problem named {', '.join(map(repr, unknown))}; choose from {cuda_problems}")
     given = list(argv if argv is not None else sys.argv[1:])
     command = shlex.join([Path(sys.executable).name, "bench/cuda.py", *given])
 
@@ -317,11 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from engine.harness.backend import backend_for
-    from engine.problems import builtin_problems
 
     gpu = scan.gpus[0]
     backend = backend_for(gpu.target)
-    names = [n for n in args.problems.split(",") if n] or builtin_problems("cuda")
+    names = named or cuda_problems
     say(f"{command}: {gpu.name} ({gpu.target}), problems {names}, {args.minutes:g} min")
     share = 60 * args.minutes / max(1, len(names))
     records = []

@@ -373,6 +373,20 @@ def test_the_cuda_benchmark_skips_without_a_gpu() -> None:
     assert plain.returncode == 0 and "skipped" in plain.stdout
 
 
+def test_the_cuda_benchmark_refuses_an_unknown_problem_before_it_looks_for_a_gpu() -> None:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cuda.py"), "--problems", "softmax,matmul"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    # matmul has no CUDA kernel: named, not skipped as a machine without a GPU would be.
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert "no CUDA problem named 'matmul'" in run.stderr and "softmax" in run.stderr, run.stderr
+
+
 # -- the whole judge against the CPU double of the driver ---------------------------------------------------
 
 PROBLEM = """
