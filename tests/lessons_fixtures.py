@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from engine.evidence.events import NewEvent
+from engine.evidence.events import NewEvent, RecordedEvent
 from engine.evidence.store import EventStore
 from engine.problems import load_problem
 from engine.proposers.random_template import template_candidate, template_space
@@ -35,6 +36,23 @@ EFFECTS: dict[str, float] = {
     "FUSED=1": 1.15,
 }
 """Multiplicative effect of a parameter value on the speedup; 1.0 for values not listed."""
+
+
+def recorded_event(position: int, kind: str, payload: dict[str, Any]) -> RecordedEvent:
+    """An event of stream ``search-s`` as the log would hand it back, without a log: for code that folds events."""
+    return RecordedEvent.model_construct(
+        position=position,
+        event_id=f"e{position}",
+        stream_id="search-s",
+        stream_version=position,
+        type=kind,
+        schema_version=1,
+        payload=payload,
+        metadata={},
+        recorded_at=datetime.now(UTC),
+        prev_hash="0" * 64,
+        hash="0" * 64,
+    )
 
 
 def synthetic_speedup(params: dict[str, Any], base: float = 1.0) -> float:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lessons_fixtures import recorded_event
 from scripted_llm_server import ScriptedLLMServer, chat, error, rate_limited, slow
 
 from engine.errors import ConfigurationError, UserError
-from engine.evidence.events import NewEvent, RecordedEvent
+from engine.evidence.events import NewEvent
 from engine.evidence.store import EventStore
 from engine.llm_budget import BudgetExhausted, LLMBudget
 from engine.problems import Problem, load_problem
@@ -541,22 +541,6 @@ def test_the_mixed_proposer_splits_a_generation_between_llm_roles_and_the_offlin
     assert isinstance(propose_batch(proposer_for("random"), softmax, context_for(softmax)), ProposalBatch)
 
 
-def event(position: int, kind: str, payload: dict[str, Any]) -> RecordedEvent:
-    return RecordedEvent.model_construct(
-        position=position,
-        event_id=f"e{position}",
-        stream_id="search-s",
-        stream_version=position,
-        type=kind,
-        schema_version=1,
-        payload=payload,
-        metadata={},
-        recorded_at=datetime.now(UTC),
-        prev_hash="0" * 64,
-        hash="0" * 64,
-    )
-
-
 def failure_log() -> list[tuple[str, dict[str, Any]]]:
     """A search's stream with a compile error, a wrong result, a passing candidate and a rejected reply."""
     proposed = {"candidate_id": "a" * 64, "source": "int broken;", "label": "llm tuner"}
@@ -605,7 +589,7 @@ def failure_log() -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_recent_failures_are_read_from_the_event_log() -> None:
-    events = [event(n, kind, payload) for n, (kind, payload) in enumerate(failure_log(), start=1)]
+    events = [recorded_event(n, kind, payload) for n, (kind, payload) in enumerate(failure_log(), start=1)]
     newest, wrong, broken = recent_failures_from_events(events)
     assert (newest.stage, newest.verdict, newest.label, newest.source) == (
         "proposal",
@@ -680,7 +664,7 @@ def test_a_rounds_outcome_events_feed_the_next_rounds_fixer() -> None:
         ("s/g3/proposal-failed/0", "proposal.failed"),
         ("s/g3/llm-call/0", "llm.called"),
     ]
-    events = [event(n, kind, payload) for n, (_, kind, payload) in enumerate(records, start=1)]
+    events = [recorded_event(n, kind, payload) for n, (_, kind, payload) in enumerate(records, start=1)]
     [failure] = recent_failures_from_events(events)
     assert (failure.stage, failure.verdict, failure.message, failure.label) == (
         "proposal",
