@@ -153,7 +153,7 @@ class _Child:
             while b"\n" not in self.pending:
                 elapsed = time.monotonic() - started
                 if patience.decide(elapsed, lambda: self._ran_since(ran_before)) is not None:
-                    raise _Stopped(patience.stop or "timeout", f"NVRTC stopped: {patience.reason()}")
+                    raise _Stopped(patience.stop or "timeout", f"{patience.reason()} (NVRTC)")
                 if not selector.select(patience.next_check_s(elapsed)):
                     continue
                 chunk = os.read(descriptor, _READ_CHUNK)
