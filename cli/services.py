@@ -6,7 +6,7 @@ import argparse
 import json
 
 from engine import services
-from engine.services import ServicesStatus, ServiceState
+from engine.services import ServicesStatus, ServiceState, elsewhere
 
 # `kf status` exit status when a server does not run, so scripts can test `kf status || kf up`.
 EXIT_NOT_RUNNING = 3
@@ -57,3 +57,6 @@ def _print(report: ServicesStatus, as_json: bool) -> None:
             print(f"{'':<9} Web UI {service.ui_url}")
         if service.state is ServiceState.STOPPED and service.log and service.log.exists():
             print(f"{'':<9} log: {service.log}")
+    for home in report.elsewhere:
+        # `kf` run in another folder than `kf up` was: the state folder is relative to where it runs.
+        print(f"Elsewhere: the embedded servers of {home} run; {elsewhere.fix_for(home)} to use them")

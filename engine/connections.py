@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.config import database_owner_url_override, database_url_override, temporal_address_override
 from engine.errors import ServiceUnavailable
-from engine.services import postgres_server, temporal_server
+from engine.services import elsewhere, postgres_server, temporal_server
 from engine.services.paths import StatePaths
 from engine.services.pidfile import PostgresPidFile
 
@@ -46,7 +46,7 @@ def _embedded_postgres(home: Path | None) -> PostgresPidFile:
     if record is None:
         raise ServiceUnavailable(
             f"the embedded Postgres of {paths.home} is not running; run `kf up` first "
-            "(or set KF_DATABASE_URL to use another server)"
+            f"(or set KF_DATABASE_URL to use another server){elsewhere.hint(paths)}"
         )
     return record
 
@@ -61,6 +61,6 @@ def temporal_address(home: Path | None = None) -> str:
     if record is None:
         raise ServiceUnavailable(
             f"the embedded Temporal dev server of {paths.home} is not running; run `kf up` first "
-            "(or set KF_TEMPORAL_ADDRESS to use another server)"
+            f"(or set KF_TEMPORAL_ADDRESS to use another server){elsewhere.hint(paths)}"
         )
     return f"{record.ip}:{record.port}"

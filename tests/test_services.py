@@ -24,7 +24,7 @@ import pytest
 
 from engine import connections, services
 from engine.errors import ConfigurationError
-from engine.services import processes
+from engine.services import elsewhere, processes
 from engine.services.paths import StatePaths
 
 pytestmark = pytest.mark.slow
@@ -186,6 +186,63 @@ def test_up_twice_reports_already_running(kf: Kf) -> None:
     assert third.returncode == 0, third.stderr
     assert "without a pid file" in third.stdout and "Temporal: already running" in third.stdout
     assert kf.status()["temporal"] == first["temporal"]
+
+
+def test_kf_in_another_folder_names_the_state_folder_whose_servers_run(kf: Kf, tmp_path: Path) -> None:
+    assert kf("up").returncode == 0
+    # A user who ran `kf up` in one folder and then runs kf in another: KF_HOME unset, ./.kf of that folder.
+    elsewhere_folder = tmp_path / "elsewhere"
+    elsewhere_folder.mkdir()
+    env = {key: value for key, value in kf.env.items() if key != "KF_HOME"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(KF), *args], env=env, cwd=elsewhere_folder, capture_output=True, text=True, timeout=120
+        )
+
+    fix = f"set KF_HOME={kf.paths.home}"
+    status = run("status")
+    assert status.returncode == 3, status.stderr
+    assert f"State folder: {elsewhere_folder / '.kf'}" in status.stdout
+    assert f"Elsewhere: the embedded servers of {kf.paths.home} run; {fix} to use them" in status.stdout
+    assert str(kf.paths.home) in json.loads(run("status", "--json").stdout)["elsewhere"]
+    # Commands that need a server say where the running ones are, and still exit 3 (the service is missing).
+    for command in (("search", "list"), ("lessons", "--problem", "softmax")):
+        result = run(*command)
+        assert result.returncode == 3, (command, result.stderr)
+        # Other tests' servers may run too: then every folder is named, each with its KF_HOME.
+        assert "run `kf up` first" in result.stderr and f"KF_HOME={kf.paths.home}" in result.stderr, command
+    # `kf up` there meets the first folder's dev server on the port, and names it rather than "another process".
+    up = run("up")
+    assert up.returncode == 2, up.stderr
+    assert f"held by the embedded dev server of another state folder, {kf.paths.home}" in up.stderr
+    assert fix in up.stderr and "KF_TEMPORAL_PORT=" in up.stderr and "Traceback" not in up.stderr
+    # Read from the processes that run, not remembered: once they stop, the folder is no longer named.
+    assert kf("down").returncode == 0
+    gone = run("status", "--json")
+    assert gone.returncode == 3 and str(kf.paths.home) not in json.loads(gone.stdout)["elsewhere"]
+    assert str(kf.paths.home) not in run("search", "list").stderr
+
+
+def test_only_servers_that_kf_up_started_count_as_another_state_folder(tmp_path: Path) -> None:
+    home = tmp_path / "kf"
+    temporal = ["temporal", "server", "start-dev", "--db-filename", str(home / "temporal" / "temporal.db")]
+    postgres = ["/opt/pg/bin/postgres", "-D", str(home / "postgres"), "-p", "5432"]
+    # The layout alone is not enough: `kf up` leaves its pid files.
+    assert elsewhere.state_folder_of(temporal) is None and elsewhere.state_folder_of(postgres) is None
+    paths = StatePaths.of(home)
+    paths.create()
+    paths.temporal_pidfile.write_text("{}")
+    paths.postgres_pidfile.write_text("{}")
+    assert elsewhere.state_folder_of(temporal) == home and elsewhere.state_folder_of(postgres) == home
+    # A dev server on another store, a Postgres of another data folder, other programs: not ours.
+    assert elsewhere.state_folder_of([*temporal[:4], str(tmp_path / "own.db")]) is None
+    assert elsewhere.state_folder_of(["/opt/pg/bin/postgres", "-D", str(home / "data")]) is None
+    assert elsewhere.state_folder_of(["python", "-D", str(home / "postgres")]) is None
+    assert elsewhere.state_folder_of([]) is None
+    # The fix names the folder to run kf in only where the folder is the default `.kf`.
+    assert elsewhere.fix_for(home) == f"set KF_HOME={home}"
+    assert elsewhere.fix_for(tmp_path / ".kf") == f"set KF_HOME={tmp_path / '.kf'} (or run kf in {tmp_path})"
 
 
 def test_half_started_up_starts_only_the_missing_server(kf: Kf) -> None:

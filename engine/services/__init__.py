@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import connections
-from engine.services import postgres_server, temporal_server
+from engine.services import elsewhere, postgres_server, temporal_server
 from engine.services.paths import StatePaths
 from engine.services.status import ServicesStatus, ServiceState, ServiceStatus
 from engine.services.temporal_server import SEARCH_ATTRIBUTES, temporal_binary
@@ -86,12 +86,15 @@ def _exclusive(paths: StatePaths) -> Iterator[None]:
 
 
 def _report(paths: StatePaths, notes: list[str]) -> ServicesStatus:
-    return ServicesStatus(
+    report = ServicesStatus(
         home=paths.home,
         temporal=temporal_server.status(paths, notes),
         postgres=postgres_server.status(paths, notes),
         notes=notes,
     )
+    if ServiceState.STOPPED in (report.temporal.state, report.postgres.state):
+        report.elsewhere = elsewhere.other_state_folders(paths)
+    return report
 
 
 def _migrate(database_url: str, notes: list[str]) -> None:

@@ -45,6 +45,12 @@ def accepts_connections(host: str, port: int, timeout: float = 0.5) -> bool:
 
 def holder(port: int) -> str | None:
     """Which process listens on TCP ``port`` (``pid 42 (`cmd`)``), when Linux lets us see it."""
+    pid = holder_pid(port)
+    return processes.describe(pid) if pid is not None else None
+
+
+def holder_pid(port: int) -> int | None:
+    """The pid of the process that listens on TCP ``port``, when Linux lets us see it."""
     inodes = _listening_inodes(port)
     if not inodes:
         return None
@@ -54,7 +60,7 @@ def holder(port: int) -> str | None:
                 with contextlib.suppress(OSError):
                     target = os.readlink(fd)
                     if target.startswith("socket:[") and target[8:-1] in inodes:
-                        return processes.describe(pid)
+                        return pid
     return None
 
 

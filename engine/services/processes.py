@@ -40,6 +40,14 @@ def command_line(pid: int) -> list[str] | None:
     return fields[1:]
 
 
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after option ``name`` in ``argv`` (``--port 7233``), or None when it is not there."""
+    for index, value in enumerate(argv[:-1]):
+        if value == name:
+            return argv[index + 1]
+    return None
+
+
 def is_alive(pid: int) -> bool:
     """True while process ``pid`` exists and has not exited."""
     return command_line(pid) is not None

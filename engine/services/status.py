@@ -65,6 +65,9 @@ class ServicesStatus(BaseModel):
     """The Postgres server holding the event log."""
     notes: list[str] = Field(default_factory=list)
     """What the command did or found, in order: started, already running, stale pid file removed…"""
+    elsewhere: list[Path] = Field(default_factory=list)
+    """Other state folders whose embedded servers run, looked for only when a server of this one is stopped:
+    ``kf`` run from another folder than ``kf up`` (KF_HOME defaults to ``.kf`` where a command runs)."""
 
     @property
     def all_running(self) -> bool:

@@ -25,7 +25,7 @@ from engine.config import (
     temporal_namespace,
 )
 from engine.errors import ConfigurationError, ServiceError
-from engine.services import logs, pidfile, ports, processes
+from engine.services import elsewhere, logs, pidfile, ports, processes
 from engine.services.paths import StatePaths
 from engine.services.pidfile import TemporalPidFile
 from engine.services.status import ServiceState, ServiceStatus
@@ -90,9 +90,9 @@ def running(paths: StatePaths, notes: list[str]) -> TemporalPidFile | None:
         argv = processes.command_line(pid) or []
         record = TemporalPidFile(
             pid=pid,
-            ip=_flag(argv, "--ip") or IP,
-            port=int(_flag(argv, "--port") or DEFAULT_TEMPORAL_PORT),
-            ui_port=int(_flag(argv, "--ui-port") or DEFAULT_TEMPORAL_UI_PORT),
+            ip=processes.flag(argv, "--ip") or IP,
+            port=int(processes.flag(argv, "--port") or DEFAULT_TEMPORAL_PORT),
+            ui_port=int(processes.flag(argv, "--ui-port") or DEFAULT_TEMPORAL_UI_PORT),
             db_filename=str(paths.temporal_db),
             started_at=datetime.now(UTC),
         )
@@ -152,11 +152,21 @@ def launch(paths: StatePaths, notes: list[str]) -> Launch | None:
     port, ui_port = configured_ports()
     for name, number, variable in (("gRPC", port, "KF_TEMPORAL_PORT"), ("Web UI", ui_port, "KF_TEMPORAL_UI_PORT")):
         if not ports.is_free(IP, number):
-            holder = ports.holder(number)
+            pid = ports.holder_pid(number)
+            home = elsewhere.state_folder_of(processes.command_line(pid) or []) if pid is not None else None
+            suggestion = f"`{variable}={_suggest_port(number, avoid={port, ui_port})} kf up`"
+            if home is not None:
+                # Most often `kf up` run from another folder than the first time: KF_HOME is relative to it.
+                raise ConfigurationError(
+                    f"cannot start Temporal: its {name} port {IP}:{number} is held by the embedded dev server "
+                    f"of another state folder, {home} (pid {pid}); to use that folder's servers, "
+                    f"{elsewhere.fix_for(home)}; to run a second set beside them, choose other ports, e.g. {suggestion}"
+                )
+            holder = processes.describe(pid) if pid is not None else None
             raise ConfigurationError(
                 f"cannot start Temporal: its {name} port {IP}:{number} is already in use"
                 f"{f' by {holder}' if holder else ' by another process'}; stop that process or choose "
-                f"another port, e.g. `{variable}={_suggest_port(number, avoid={port, ui_port})} kf up`"
+                f"another port, e.g. {suggestion}"
             )
     paths.create()
     argv = [
@@ -309,14 +319,7 @@ def _cli(args: list[str], timeout: float = 15.0) -> str:
 
 
 def _is_ours(argv: list[str] | None, paths: StatePaths) -> bool:
-    return argv is not None and "start-dev" in argv and _flag(argv, "--db-filename") == str(paths.temporal_db)
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-    for index, value in enumerate(argv[:-1]):
-        if value == name:
-            return argv[index + 1]
-    return None
+    return argv is not None and "start-dev" in argv and processes.flag(argv, "--db-filename") == str(paths.temporal_db)
 
 
 def _suggest_port(taken: int, avoid: set[int]) -> int:
