@@ -43,12 +43,6 @@ def accepts_connections(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def holder(port: int) -> str | None:
-    """Which process listens on TCP ``port`` (``pid 42 (`cmd`)``), when Linux lets us see it."""
-    pid = holder_pid(port)
-    return processes.describe(pid) if pid is not None else None
-
-
 def holder_pid(port: int) -> int | None:
     """The pid of the process that listens on TCP ``port``, when Linux lets us see it."""
     inodes = _listening_inodes(port)
