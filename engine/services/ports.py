@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-from pathlib import Path
+
+import psutil
 
 from engine.errors import ConfigurationError
-from engine.services import processes
 
 
 def port_from_env(variable: str, default: int) -> int:
@@ -44,28 +43,12 @@ def accepts_connections(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def holder_pid(port: int) -> int | None:
-    """The pid of the process that listens on TCP ``port``, when Linux lets us see it."""
-    inodes = _listening_inodes(port)
-    if not inodes:
+    """The pid of the process that listens on TCP ``port``, when the system lets us see it."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # macOS without root
         return None
-    for pid in processes.find(lambda argv: True):
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    target = os.readlink(fd)
-                    if target.startswith("socket:[") and target[8:-1] in inodes:
-                        return pid
+    for connection in connections:
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
+            return connection.pid
     return None
-
-
-def _listening_inodes(port: int) -> set[str]:
-    listening = "0A"  # TCP_LISTEN in /proc/net/tcp's state column
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                if local_port == port and fields[3] == listening:
-                    inodes.add(fields[9])
-    return inodes

@@ -9,35 +9,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-PROC = Path("/proc")
+import psutil
 
 
 def command_line(pid: int) -> list[str] | None:
     """The argv of process ``pid``; None if there is no such process or it already exited (a zombie)."""
     if pid <= 0:
         return None
-    if PROC.is_dir():
-        try:
-            stat = (PROC / str(pid) / "stat").read_text()
-            raw = (PROC / str(pid) / "cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            return None
-        # The state letter follows the command name in parentheses, which may itself contain spaces.
-        if stat.rpartition(")")[2].split()[:1] == ["Z"]:
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
             _reap(pid)
             return None
-        return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-    # No /proc (macOS): ask ps; the arguments come back joined by spaces, enough for identity checks.
-    result = subprocess.run(["ps", "-o", "stat=,args=", "-p", str(pid)], capture_output=True, text=True)
-    fields = result.stdout.split()
-    if result.returncode != 0 or not fields or fields[0].startswith("Z"):
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    return fields[1:]
 
 
 def flag(argv: list[str], name: str) -> str | None:
@@ -63,15 +52,13 @@ def describe(pid: int) -> str:
 
 
 def find(matches: Callable[[list[str]], bool]) -> list[int]:
-    """Pids of the running processes whose command line ``matches`` (Linux only; elsewhere empty)."""
-    if not PROC.is_dir():
-        return []
+    """Pids of the running processes whose command line ``matches``."""
     found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            argv = command_line(int(entry.name))
-            if argv and matches(argv):
-                found.append(int(entry.name))
+    for process in psutil.process_iter(["cmdline"]):
+        # Unreadable (another user's, gone meanwhile): psutil leaves the attribute None.
+        argv = process.info["cmdline"]
+        if argv and matches(argv):
+            found.append(process.pid)
     return sorted(found)
 
 
