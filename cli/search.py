@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from cli import exit_status
 from cli.options import integer, number, search_id, string
-from engine.config import outage_patience_s, temporal_namespace
+from engine.config import outage_patience_s, temporal_namespace, temporal_ui_url_override
 from engine.connections import database_url
 from engine.errors import UserError
 from engine.input_errors import allowed, explain
@@ -304,7 +304,7 @@ def _given_options(args: argparse.Namespace) -> dict[str, str]:
 
 def ui_url(search_id: str | None = None) -> str:
     """The Temporal Web UI address (of a search's page, when given)."""
-    base = os.environ.get("KF_TEMPORAL_UI_URL") or _embedded_ui_url() or UI_URL_DEFAULT
+    base = temporal_ui_url_override() or _embedded_ui_url() or UI_URL_DEFAULT
     if search_id is None:
         return base
     return f"{base}/namespaces/{quote(temporal_namespace(), safe='')}/workflows/{quote(search_id, safe='')}"

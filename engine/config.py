@@ -1,6 +1,7 @@
 """Where Kernel Factory keeps its state and which servers it talks to.
 
-Everything is read from the environment at call time, so tests can point a process at their own servers:
+Everything is read from the environment at call time (pydantic-settings, ``Settings``), so tests can point a
+process at their own servers; a malformed variable is a ConfigurationError naming it and the fix:
 
 - ``KF_HOME``: the state folder of the embedded default (default ``.kf`` in the working directory).
 - ``KF_DATABASE_URL``: a Postgres URL; when set, the embedded Postgres is not used. It names the role the
@@ -9,6 +10,9 @@ Everything is read from the environment at call time, so tests can point a proce
   (``kf_owner``); needed only by ``kf up`` and ``kf db``. Unset, the migrations use ``KF_DATABASE_URL``.
 - ``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; when set, no embedded dev server is used.
 - ``KF_TEMPORAL_NAMESPACE``: the Temporal namespace (default ``default``).
+- ``KF_TEMPORAL_PORT``, ``KF_TEMPORAL_UI_PORT``: the ports a new embedded dev server listens on (default 7233, and
+  the gRPC port + 1000 for the Web UI).
+- ``KF_TEMPORAL_UI_URL``: where links to the Web UI point (default: the embedded dev server's).
 - ``KF_MACHINE_DIR``: where this machine's measured figures (bandwidth, peak, noise floor) are kept
   (default ``machine/`` in the cache folder); a test session points every cache at one, so it measures once.
 - ``KF_METRICS_PORT``: the port ``kf worker`` serves Prometheus metrics on (default: none; ``--metrics-port``).
@@ -24,11 +28,15 @@ Everything is read from the environment at call time, so tests can point a proce
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import psutil
+from pydantic import ValidationError, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.errors import ConfigurationError
 
@@ -38,29 +46,143 @@ DEFAULT_OUTAGE_PATIENCE_S = 600.0
 DEFAULT_PROBLEM_CALL_S = 300.0
 
 
+class Settings(BaseSettings):
+    """The ``KF_*`` environment variables (the module docstring says what each is for), validated together: a
+    malformed one is a ConfigurationError naming the variable, its value and the fix, whichever setting a
+    command asks for. An empty variable counts as unset."""
+
+    model_config = SettingsConfigDict(env_prefix="KF_", env_ignore_empty=True, extra="ignore", frozen=True)
+
+    home: Path = Path(".kf")
+    """``KF_HOME``: the state folder, relative to the working directory unless absolute."""
+    database_url: str | None = None
+    """``KF_DATABASE_URL``: the event log's Postgres as the application's role; None for the embedded one."""
+    database_owner_url: str | None = None
+    """``KF_DATABASE_OWNER_URL``: the same database as the log's owner role; None for KF_DATABASE_URL's."""
+    temporal_address: str | None = None
+    """``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; None for the embedded dev server."""
+    temporal_namespace: str = "default"
+    """``KF_TEMPORAL_NAMESPACE``: the namespace searches run in."""
+    temporal_port: int = DEFAULT_TEMPORAL_PORT
+    """``KF_TEMPORAL_PORT``: the gRPC port a new embedded dev server listens on."""
+    temporal_ui_port: int | None = None
+    """``KF_TEMPORAL_UI_PORT``: its Web UI's port; None for the gRPC port + 1000, as the temporal CLI does."""
+    temporal_ui_url: str | None = None
+    """``KF_TEMPORAL_UI_URL``: the Web UI links point at this (a Temporal outside this machine's embedded one)."""
+    machine_dir: Path | None = None
+    """``KF_MACHINE_DIR``: where this machine's measured figures live; None for ``machine/`` in the cache."""
+    metrics_port: int | None = None
+    """``KF_METRICS_PORT``: the port `kf worker` serves Prometheus metrics on; None for no metrics."""
+    outage_patience_s: float = DEFAULT_OUTAGE_PATIENCE_S
+    """``KF_OUTAGE_PATIENCE_S``: seconds an unreachable Postgres or Temporal is waited out (0 allowed)."""
+    problem_call_s: float = DEFAULT_PROBLEM_CALL_S
+    """``KF_PROBLEM_CALL_S``: seconds one call of a problem folder's data functions may run."""
+    problem_reply_mb: float | None = None
+    """``KF_PROBLEM_REPLY_MB``: the largest reply of a problem folder's process, in MB; None for a quarter of
+    the memory available when the reply comes."""
+
+    @field_validator("temporal_port", "temporal_ui_port", mode="before")
+    @classmethod
+    def _tcp_port(cls, raw: Any, info: ValidationInfo) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        text = raw.strip()
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise ValueError(f"{_variable(info)}={raw!r} is not a TCP port; set it to a number from 1 to 65535")
+        return int(text)
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _metrics_port(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        text = raw.strip()
+        if not text.isdigit() or not 1 <= int(text) <= 65535:
+            raise ValueError(f"KF_METRICS_PORT={raw!r} is not a port from 1 to 65535; unset it for no metrics")
+        return int(text)
+
+    @field_validator("outage_patience_s", "problem_call_s", mode="before")
+    @classmethod
+    def _seconds(cls, raw: Any, info: ValidationInfo) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        zero_ok = info.field_name == "outage_patience_s"
+        value = _number(raw)
+        if not ((value >= 0 if zero_ok else value > 0) and value < math.inf):  # NaN fails both
+            default = DEFAULT_OUTAGE_PATIENCE_S if zero_ok else DEFAULT_PROBLEM_CALL_S
+            example = "900" if zero_ok else "600"
+            raise ValueError(
+                f"{_variable(info)}={raw!r} is not a number of seconds {'>=' if zero_ok else '>'} 0; unset it for "
+                f"the default ({default:g}) or set e.g. {_variable(info)}={example}"
+            )
+        return value
+
+    @field_validator("problem_reply_mb", mode="before")
+    @classmethod
+    def _megabytes(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        value = _number(raw)
+        if not (0 < value < math.inf):
+            raise ValueError(
+                f"KF_PROBLEM_REPLY_MB={raw!r} is not a positive number of MB; unset it for a quarter of the "
+                "available memory or set e.g. KF_PROBLEM_REPLY_MB=8192"
+            )
+        return value
+
+
+def settings() -> Settings:
+    """The settings of the environment as it is now (tests point a process at their own servers by changing it)."""
+    return _settings_of(tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("KF_"))))
+
+
+@functools.lru_cache(maxsize=16)
+def _settings_of(environment: tuple[tuple[str, str], ...]) -> Settings:
+    # Keyed by the KF_* variables, so that asking for a setting in a loop does not parse the environment each time.
+    try:
+        return Settings()
+    except ValidationError as error:
+        reasons = [str(item.get("ctx", {}).get("error") or item["msg"]) for item in error.errors()]
+        raise ConfigurationError("; ".join(reasons)) from None
+
+
 def kf_home() -> Path:
     """The state folder: embedded databases, pid files, logs and the artifact cache live under it."""
-    return Path(os.environ.get("KF_HOME", ".kf")).resolve()
+    return settings().home.resolve()
 
 
 def database_url_override() -> str | None:
     """The Postgres URL the user asked for, or None to use the embedded server."""
-    return os.environ.get("KF_DATABASE_URL") or None
+    return settings().database_url
 
 
 def database_owner_url_override() -> str | None:
     """The Postgres URL of the log's owner role the user asked for, or None (see ``KF_DATABASE_OWNER_URL``)."""
-    return os.environ.get("KF_DATABASE_OWNER_URL") or None
+    return settings().database_owner_url
 
 
 def temporal_address_override() -> str | None:
     """The Temporal frontend the user asked for, or None to use the embedded dev server."""
-    return os.environ.get("KF_TEMPORAL_ADDRESS") or None
+    return settings().temporal_address
 
 
 def temporal_namespace() -> str:
     """The Temporal namespace searches run in."""
-    return os.environ.get("KF_TEMPORAL_NAMESPACE", "default")
+    return settings().temporal_namespace
+
+
+def temporal_ports() -> tuple[int, int]:
+    """(gRPC port, Web UI port) a new embedded dev server listens on: KF_TEMPORAL_PORT, KF_TEMPORAL_UI_PORT."""
+    current = settings()
+    # Like the temporal CLI itself: the UI defaults to the gRPC port + 1000, which is 8233 by default.
+    ui_default = current.temporal_port + (DEFAULT_TEMPORAL_UI_PORT - DEFAULT_TEMPORAL_PORT)
+    ui_port = current.temporal_ui_port
+    return current.temporal_port, ui_port if ui_port is not None else (ui_default if ui_default < 65536 else 0)
+
+
+def temporal_ui_url_override() -> str | None:
+    """The Web UI address the user asked links to point at (``KF_TEMPORAL_UI_URL``), or None."""
+    return settings().temporal_ui_url
 
 
 def cache_dir() -> Path:
@@ -70,64 +192,43 @@ def cache_dir() -> Path:
 
 def machine_dir(cache: Path | None = None) -> Path:
     """Where this machine's measured figures live: ``KF_MACHINE_DIR``, else ``machine/`` in the cache folder."""
-    override = os.environ.get("KF_MACHINE_DIR")
-    if override:
-        return Path(override).resolve()
+    override = settings().machine_dir
+    if override is not None:
+        return override.resolve()
     return (cache or cache_dir()) / "machine"
 
 
 def metrics_port() -> int | None:
     """The port `kf worker` serves Prometheus metrics on (``KF_METRICS_PORT``), or None for no metrics."""
-    raw = os.environ.get("KF_METRICS_PORT", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ConfigurationError(f"KF_METRICS_PORT={raw!r} is not a port from 1 to 65535; unset it for no metrics")
-    return int(raw)
+    return settings().metrics_port
 
 
 def outage_patience_s() -> float:
     """Seconds an unreachable Postgres or Temporal is waited out before the step fails (``KF_OUTAGE_PATIENCE_S``)."""
-    return _seconds("KF_OUTAGE_PATIENCE_S", DEFAULT_OUTAGE_PATIENCE_S, zero_ok=True, example="900")
+    return settings().outage_patience_s
 
 
 def problem_call_s() -> float:
     """Seconds one call of a problem.py data function may run before it counts as hung (``KF_PROBLEM_CALL_S``)."""
-    return _seconds("KF_PROBLEM_CALL_S", DEFAULT_PROBLEM_CALL_S, zero_ok=False, example="600")
+    return settings().problem_call_s
 
 
 def problem_reply_bytes() -> int:
     """The largest reply a problem folder's process may send the judge, in bytes (``KF_PROBLEM_REPLY_MB``; by
     default a quarter of the memory available now: a reply bigger than that would leave the judge too little
     for the reference and the kernel's outputs)."""
-    raw = os.environ.get("KF_PROBLEM_REPLY_MB", "").strip()
-    if not raw:
+    megabytes = settings().problem_reply_mb
+    if megabytes is None:
         return int(psutil.virtual_memory().available // 4)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (0 < value < math.inf):
-        raise ConfigurationError(
-            f"KF_PROBLEM_REPLY_MB={raw!r} is not a positive number of MB; unset it for a quarter of the available "
-            "memory or set e.g. KF_PROBLEM_REPLY_MB=8192"
-        )
-    return int(value * 1e6)
+    return int(megabytes * 1e6)
 
 
-def _seconds(name: str, default: float, *, zero_ok: bool, example: str) -> float:
-    """The environment variable ``name`` as a finite number of seconds (>= 0 with ``zero_ok``, else > 0);
-    ``default`` when unset; anything else is a ConfigurationError naming the variable and the fix."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
+def _variable(info: ValidationInfo) -> str:
+    return f"KF_{(info.field_name or '').upper()}"
+
+
+def _number(raw: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
-        value = math.nan
-    if not ((value >= 0 if zero_ok else value > 0) and value < math.inf):  # NaN fails both
-        raise ConfigurationError(
-            f"{name}={raw!r} is not a number of seconds {'>=' if zero_ok else '>'} 0; unset it for the default "
-            f"({default:g}) or set e.g. {name}={example}"
-        )
-    return value
+        return math.nan

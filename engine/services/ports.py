@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import socket
 
 import psutil
-
-from engine.errors import ConfigurationError
-
-
-def port_from_env(variable: str, default: int) -> int:
-    """The port named by environment variable ``variable``, or ``default`` when it is unset."""
-    raw = os.environ.get(variable, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigurationError(f"{variable}={raw!r} is not a TCP port; set it to a number from 1 to 65535")
-    return int(raw)
 
 
 def is_free(host: str, port: int) -> bool:

@@ -23,6 +23,7 @@ from engine.config import (
     DEFAULT_TEMPORAL_UI_PORT,
     temporal_address_override,
     temporal_namespace,
+    temporal_ports,
 )
 from engine.errors import ConfigurationError, ServiceError
 from engine.services import elsewhere, logs, pidfile, ports, processes
@@ -62,10 +63,7 @@ def temporal_binary() -> Path:
 
 def configured_ports() -> tuple[int, int]:
     """(gRPC port, Web UI port) a new dev server listens on: KF_TEMPORAL_PORT, KF_TEMPORAL_UI_PORT."""
-    port = ports.port_from_env("KF_TEMPORAL_PORT", DEFAULT_TEMPORAL_PORT)
-    # Like the temporal CLI itself: the UI defaults to the gRPC port + 1000, which is 8233 by default.
-    ui_default = port + (DEFAULT_TEMPORAL_UI_PORT - DEFAULT_TEMPORAL_PORT)
-    return port, ports.port_from_env("KF_TEMPORAL_UI_PORT", ui_default if ui_default < 65536 else 0)
+    return temporal_ports()
 
 
 def ui_url(record: TemporalPidFile) -> str:
