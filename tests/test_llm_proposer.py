@@ -265,23 +265,31 @@ def test_fixers_take_the_newest_failures_then_explorers_and_tuners(softmax: Prob
     assert [p.role for p in plan_requests(context_for(softmax, count=3), ["m"])] == ["explorer", "tuner", "explorer"]
 
 
-def test_settings_come_from_the_environment() -> None:
-    settings = LLMSettings.from_env(
-        {
-            "KF_MODELS": "openai/a, anthropic/b ,",
-            "KF_LLM_API_BASE": "http://127.0.0.1:9/v1",
-            "KF_LLM_MAX_TOKENS": "1000",
-            "KF_LLM_MODEL_CONFIG": '{"openai/a": {"api_base": "http://127.0.0.1:8/v1", "input_usd_per_mtok": 1}}',
-        }
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KF_MODELS", "openai/a, anthropic/b ,")
+    monkeypatch.setenv("KF_LLM_API_BASE", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("KF_LLM_MAX_TOKENS", "1000")
+    monkeypatch.setenv(
+        "KF_LLM_MODEL_CONFIG", '{"openai/a": {"api_base": "http://127.0.0.1:8/v1", "input_usd_per_mtok": 1}}'
     )
+    settings = LLMSettings.from_env()
     assert settings.models == ["openai/a", "anthropic/b"]
     assert settings.max_tokens == 1000
     assert settings.api_base_for("openai/a") == "http://127.0.0.1:8/v1"
     assert settings.api_base_for("anthropic/b") == "http://127.0.0.1:9/v1"
+    # Built in code, the arguments are the settings.
+    assert LLMSettings(models=["x"], max_tokens=100).models == ["x"]
+    monkeypatch.setenv("KF_LLM_MODEL_CONFIG", "{nope")
     with pytest.raises(ConfigurationError, match="KF_LLM_MODEL_CONFIG is not JSON"):
-        LLMSettings.from_env({"KF_LLM_MODEL_CONFIG": "{nope"})
-    with pytest.raises(ConfigurationError, match="timeout_s"):
-        LLMSettings.from_env({"KF_LLM_TIMEOUT_S": "-1"})
+        LLMSettings.from_env()
+    monkeypatch.delenv("KF_LLM_MODEL_CONFIG")
+    monkeypatch.setenv("KF_LLM_TIMEOUT_S", "-1")
+    with pytest.raises(ConfigurationError, match=r"KF_LLM_TIMEOUT_S='-1': Input should be greater than 0"):
+        LLMSettings.from_env()
+    monkeypatch.setenv("KF_LLM_TIMEOUT_S", "30")
+    monkeypatch.setenv("KF_LLM_MODEL_CONFIG", '{"openai/a": {"price": 1}}')
+    with pytest.raises(ConfigurationError, match="KF_LLM_MODEL_CONFIG at openai/a.price: Extra inputs"):
+        LLMSettings.from_env()
 
 
 def test_llm_kinds_need_a_model_and_are_registered() -> None:

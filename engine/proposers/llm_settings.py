@@ -12,15 +12,20 @@
   them for a model litellm has no price for (a local or fine-tuned model): under ``budget.max_llm_usd`` a
   model without a known price is not called, because its spend could not be bounded.
 - ``KF_LLM_MAX_TOKENS`` (default 4096), ``KF_LLM_TIMEOUT_S`` (default 120), ``KF_LLM_MAX_ATTEMPTS`` (default
-  4), ``KF_LLM_TEMPERATURE`` (default 0.7), ``KF_LLM_CONCURRENCY`` (default 4).
+  4), ``KF_LLM_TEMPERATURE`` (default 0.7), ``KF_LLM_CONCURRENCY`` (default 4), ``KF_LLM_BACKOFF_BASE_S``
+  (default 1), ``KF_LLM_BACKOFF_MAX_S`` (default 30).
+
+Read through pydantic-settings (``LLMSettings``): a malformed value is a ConfigurationError naming the variable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.errors import ConfigurationError
 
@@ -40,17 +45,24 @@ class ModelConfig(BaseModel):
     """Price of a million output tokens in US dollars; None uses litellm's price list."""
 
 
-class LLMSettings(BaseModel):
-    """Everything the LLM proposers need besides the search's own spec."""
+class LLMSettings(BaseSettings):
+    """Everything the LLM proposers need besides the search's own spec: the ``KF_LLM_*`` variables and
+    ``KF_MODELS`` (``from_env``); arguments given in code take the place of the variables they name."""
 
-    models: list[str] = Field(default_factory=list)
-    """Default models (KF_MODELS) when the spec names none."""
+    model_config = SettingsConfigDict(
+        env_prefix="KF_LLM_", env_ignore_empty=True, extra="ignore", populate_by_name=True
+    )
+
+    models: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias="KF_MODELS")
+    """Default models (KF_MODELS, comma-separated) when the spec names none."""
     api_base: str | None = None
     """Endpoint for every model without its own (KF_LLM_API_BASE)."""
     api_key: str | None = Field(default=None, repr=False)
     """Key for that endpoint (KF_LLM_API_KEY); None lets litellm read the provider's variable."""
-    model_configs: dict[str, ModelConfig] = Field(default_factory=dict)
-    """Per-model overrides (KF_LLM_MODEL_CONFIG)."""
+    model_configs: Annotated[dict[str, ModelConfig], NoDecode] = Field(
+        default_factory=dict, validation_alias="KF_LLM_MODEL_CONFIG"
+    )
+    """Per-model overrides (KF_LLM_MODEL_CONFIG, JSON)."""
     max_tokens: int = Field(default=4096, ge=64)
     """Most output tokens per reply; also bounds the worst-case cost reserved per call."""
     temperature: float = Field(default=0.7, ge=0, le=2)
@@ -66,39 +78,47 @@ class LLMSettings(BaseModel):
     concurrency: int = Field(default=4, ge=1, le=64)
     """Requests in flight at once within one proposal round."""
 
+    @field_validator("models", mode="before")
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> LLMSettings:
-        """Settings from the KF_* variables (see the module docstring); malformed values name the fix."""
-        env = dict(os.environ if environ is None else environ)
-        values: dict[str, object] = {
-            "models": [m.strip() for m in env.get("KF_MODELS", "").split(",") if m.strip()],
-            "api_base": env.get("KF_LLM_API_BASE") or None,
-            "api_key": env.get("KF_LLM_API_KEY") or None,
-        }
-        raw_config = env.get("KF_LLM_MODEL_CONFIG", "").strip()
-        if raw_config:
-            try:
-                values["model_configs"] = json.loads(raw_config)
-            except json.JSONDecodeError as error:
-                raise ConfigurationError(
-                    f"KF_LLM_MODEL_CONFIG is not JSON ({error}): {raw_config[:200]!r}; expected e.g. "
-                    '\'{"openai/local": {"api_base": "http://127.0.0.1:8000/v1", "input_usd_per_mtok": 0, '
-                    '"output_usd_per_mtok": 0}}\''
-                ) from None
-        numbers = {
-            "KF_LLM_MAX_TOKENS": "max_tokens",
-            "KF_LLM_TIMEOUT_S": "timeout_s",
-            "KF_LLM_MAX_ATTEMPTS": "max_attempts",
-            "KF_LLM_TEMPERATURE": "temperature",
-            "KF_LLM_CONCURRENCY": "concurrency",
-        }
-        for variable, field in numbers.items():
-            if env.get(variable):
-                values[field] = env[variable]
+    def _comma_separated(cls, raw: Any) -> Any:
+        return [name.strip() for name in raw.split(",") if name.strip()] if isinstance(raw, str) else raw
+
+    @field_validator("model_configs", mode="before")
+    @classmethod
+    def _json(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
         try:
-            return cls.model_validate(values)
+            return json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"KF_LLM_MODEL_CONFIG is not JSON ({error}): {raw[:200]!r}; expected e.g. "
+                '\'{"openai/local": {"api_base": "http://127.0.0.1:8000/v1", "input_usd_per_mtok": 0, '
+                '"output_usd_per_mtok": 0}}\''
+            ) from None
+
+    @classmethod
+    def from_env(cls) -> LLMSettings:
+        """Settings from the KF_* variables (see the module docstring); malformed values name the variable."""
+        try:
+            return cls()
         except ValidationError as error:
-            raise ConfigurationError(f"bad LLM settings in the environment (KF_MODELS, KF_LLM_*): {error}") from None
+            reasons = []
+            for item in error.errors():
+                field = str(item["loc"][0]) if item["loc"] else ""
+                info = cls.model_fields.get(field)
+                alias = info.validation_alias if info is not None else None
+                variable = (
+                    alias if isinstance(alias, str) else field if field.startswith("KF_") else f"KF_LLM_{field.upper()}"
+                )
+                reason = str(item.get("ctx", {}).get("error") or item["msg"])
+                if variable in reason:
+                    reasons.append(reason)
+                elif len(item["loc"]) > 1:  # inside KF_LLM_MODEL_CONFIG's JSON: where, not the value there
+                    reasons.append(f"{variable} at {'.'.join(str(part) for part in item['loc'][1:])}: {reason}")
+                else:
+                    reasons.append(f"{variable}={item['input']!r}: {reason}")
+            raise ConfigurationError(f"bad LLM settings in the environment: {'; '.join(reasons)}") from None
 
     def config_for(self, model: str) -> ModelConfig:
         """The model's own settings (empty when it has none)."""
