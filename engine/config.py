@@ -24,6 +24,8 @@ process at their own servers; a malformed variable is a ConfigurationError namin
   error (default 300).
 - ``KF_PROBLEM_REPLY_MB``: the largest reply (pickled arrays) a problem folder's process may send the judge, in
   MB (default: a quarter of the memory this machine has available when the reply comes).
+- ``KF_CUDA_ISOLATION`` (``process-group`` or ``namespaces``) and ``KF_CUDA_INPUT_CACHE_BYTES`` (default 2 GiB):
+  the CUDA judge's child and its kept inputs (engine/harness/cuda/).
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ import functools
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
-from pydantic import ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.errors import ConfigurationError
@@ -80,6 +82,12 @@ class Settings(BaseSettings):
     problem_reply_mb: float | None = None
     """``KF_PROBLEM_REPLY_MB``: the largest reply of a problem folder's process, in MB; None for a quarter of
     the memory available when the reply comes."""
+    cuda_isolation: Literal["process-group", "namespaces"] = "process-group"
+    """``KF_CUDA_ISOLATION``: how the CUDA judge's child is confined (engine/harness/cuda/child.py says why a
+    process group of its own by default)."""
+    cuda_input_cache_bytes: int = Field(default=2 << 30, ge=0)
+    """``KF_CUDA_INPUT_CACHE_BYTES``: how many bytes of GPU benchmark inputs a worker keeps for the next
+    benchmark of the same shapes and seeds (engine/harness/cuda/inputs.py)."""
 
     @field_validator("temporal_port", "temporal_ui_port", mode="before")
     @classmethod
@@ -142,7 +150,12 @@ def _settings_of(environment: tuple[tuple[str, str], ...]) -> Settings:
     try:
         return Settings()
     except ValidationError as error:
-        reasons = [str(item.get("ctx", {}).get("error") or item["msg"]) for item in error.errors()]
+        reasons = []
+        for item in error.errors():
+            reason = str(item.get("ctx", {}).get("error") or item["msg"])
+            # The validators above name their variable; pydantic's own checks (a choice, a bound) do not.
+            variable = f"KF_{str(item['loc'][0]).upper()}" if item["loc"] else "KF_*"
+            reasons.append(reason if variable in reason else f"{variable}={item['input']!r}: {reason}")
         raise ConfigurationError("; ".join(reasons)) from None
 
 

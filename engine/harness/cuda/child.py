@@ -34,6 +34,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 import engine
+from engine.config import settings
 from engine.harness import protocol as p
 from engine.harness.cuda import messages as m
 from engine.harness.cuda.device import DEFAULT_DRIVER
@@ -117,7 +118,7 @@ def cuda_isolation(requested: str) -> str:
     them with KF_CUDA_ISOLATION=namespaces."""
     if requested != "auto":
         return requested
-    return os.environ.get("KF_CUDA_ISOLATION", "process-group")
+    return settings().cuda_isolation
 
 
 def child_limits(wall_seconds: float) -> SandboxLimits:

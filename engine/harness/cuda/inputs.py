@@ -10,7 +10,6 @@ child gets copies over the pipe; the output check copies what it changes).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from engine.config import settings
 from engine.harness.protocol import ArraySpec
 from engine.problems import DTYPES, Problem
 
-CACHE_BYTES = int(os.environ.get("KF_CUDA_INPUT_CACHE_BYTES", str(2 << 30)))
+CACHE_BYTES = settings().cuda_input_cache_bytes
 
 
 @dataclass(frozen=True)
