@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from engine import config
 from engine.errors import ConfigurationError
+from engine.proposers.llm_settings import LLMSettings
 
 
 def test_settings_follow_the_environment_at_call_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +66,15 @@ def test_a_port_outside_tcps_range_is_refused(port: str, monkeypatch: pytest.Mon
     monkeypatch.setenv("KF_TEMPORAL_UI_PORT", port)
     with pytest.raises(ConfigurationError, match=rf"KF_TEMPORAL_UI_PORT='{port}' is not a TCP port"):
         config.temporal_ports()
+
+
+def test_the_readme_and_the_llm_guide_list_every_setting() -> None:
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    table = readme[readme.index("## Configuration") : readme.index("## Exit status")]
+    for field in config.Settings.model_fields:
+        assert f"`KF_{field.upper()}`" in table, f"KF_{field.upper()} is missing from the README's configuration"
+    guide = (root / "docs" / "llm-proposers.md").read_text()
+    for name, info in LLMSettings.model_fields.items():
+        variable = info.validation_alias if isinstance(info.validation_alias, str) else f"KF_LLM_{name.upper()}"
+        assert re.search(rf"\b{variable}\b", guide), f"{variable} is missing from docs/llm-proposers.md"
