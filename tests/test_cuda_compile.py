@@ -416,8 +416,10 @@ def test_a_compile_the_machine_kept_from_running_is_held_not_the_sources_timeout
 
 
 def test_a_compile_a_loaded_machine_slows_past_its_limit_gets_the_time_it_needs() -> None:
-    # 2^15 forced-inline calls: about 0.25 s of CPU at full speed, about 2.5 s at a tenth of a CPU: past a 1 s
-    # limit, but never without running. Before, it was held at the limit (the machine's, compiled again).
+    # 2^15 forced-inline calls: about 0.25 s of CPU at full speed, about 2.5 s at a tenth of a CPU: past a 1.5 s
+    # limit, but never without running. Before, it was held at the limit (the machine's, compiled again). Why 1.5 s
+    # rather than 1: the stretch (four limits) must outlast the throttle and whatever else the machine runs; at
+    # 1 s it was held once in a run of this file beside a full test run (load average 4.5 on two cores).
     source = BUSY.replace("F<40>", "F<15>")
     options = ["--gpu-architecture=sm_90"]
     assert nvrtc.run_nvrtc(SCALE, options).status == "ok"  # leaves an idle child to slow down
@@ -425,7 +427,7 @@ def test_a_compile_a_loaded_machine_slows_past_its_limit_gets_the_time_it_needs(
         children = [psutil.Process(child.process.pid) for child in nvrtc._POOL.idle]
     with slowed(lambda: children, share=0.1):
         started = time.monotonic()
-        compiled = nvrtc.run_nvrtc(source, options, timeout_s=1)
+        compiled = nvrtc.run_nvrtc(source, options, timeout_s=1.5)
         seconds = time.monotonic() - started
     assert compiled.status == "ok", compiled
-    assert seconds > 1, f"the throttle did not slow the compile ({seconds:.1f} s)"
+    assert seconds > 1.5, f"the throttle did not slow the compile past its limit ({seconds:.1f} s)"
