@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
+from engine.proposers import surrogate
 from engine.proposers.surrogate import (
     MODEL_SD,
     RELEVANCE_MIN_OBSERVATIONS,
     Features,
     Mixture,
     Observation,
+    Scales,
     empirical_scales,
     fit,
     fit_with_transfer,
@@ -152,3 +155,56 @@ def test_what_the_model_leaves_out_bounds_what_repeating_a_reading_teaches() -> 
     assert tight.scales.model_sd == MODEL_SD and loose.scales.model_sd == 0.3
     assert x @ tight.mean - speed(target) > x @ loose.mean - speed(target) > 0
     assert x @ loose.covariance() @ x > 2 * (x @ tight.covariance() @ x)
+
+
+def test_a_fast_value_of_a_scale_makes_its_neighbours_more_promising_than_the_far_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    space = {"ACC": [1, 2, 4, 8], "NT": [0, 1]}
+    features = Features(space)
+    measured = [
+        Observation({"ACC": 4, "NT": 0}, 0.4, 2),
+        Observation({"ACC": 4, "NT": 1}, 0.45, 2),
+        Observation({"ACC": 1, "NT": 0}, -0.2, 2),
+        Observation({"ACC": 1, "NT": 1}, -0.15, 2),
+    ]
+    scales = Scales()
+    mean = fit(features, measured, scales=scales).named_mean()
+    # ACC=8 and ACC=2 are unmeasured: ACC=8 borrows from ACC=4 next to it, ACC=2 from both of its neighbours.
+    assert mean["ACC=8"] > 0.05 and mean["ACC=8"] > mean["ACC=2"] > mean["ACC=1"]
+    monkeypatch.setattr(surrogate, "ORDINAL_CORRELATION", 0.0)
+    alone = fit(features, measured, scales=scales).named_mean()
+    assert abs(alone["ACC=8"]) < 1e-9 and abs(alone["ACC=2"]) < 1e-9  # each value on its own: nothing learnt
+
+
+def test_only_scales_of_three_positive_numbers_or_more_are_ordinal() -> None:
+    features = Features({"PF": [0, 1024, 4096], "NT": [0, 1], "ERF": ["a", "b", "c"], "ON": [True, False, True]})
+    assert features.ordinal == []
+    features = Features({"ROWS": [4, 1, 2], "NT": [0, 1]})
+    assert [[features.names[i] for i in block] for block in features.ordinal] == [["ROWS=1", "ROWS=2", "ROWS=4"]]
+
+
+def test_the_ordinal_prior_gives_the_exact_gaussian_posterior_and_evidence() -> None:
+    # The fit (precision form, blocks inverted one by one) against the textbook formulas with the dense prior
+    # covariance: mean = mu0 + S0 Xᵀ (X S0 Xᵀ + D)⁻¹ (y - X mu0), and ln N(y; X mu0, X S0 Xᵀ + D).
+    space = {"ACC": [1, 2, 4, 8], "ROWS": [1, 2, 4], "NT": [0, 1]}
+    features = Features(space)
+    rng = np.random.default_rng(3)
+    chosen = [{"ACC": a, "ROWS": r, "NT": n} for a in space["ACC"] for r in space["ROWS"] for n in space["NT"]]
+    observations = [Observation(s, float(rng.normal(0.3, 0.2)), 2) for s in chosen[::3]]
+    scales = Scales(main_sd=0.3, pair_sd=0.1, noise_sd=0.05)
+    mu0 = rng.normal(0, 0.05, len(features.names))
+    design = surrogate._Design.of(features, observations, scales.noise_sd, model_sd=scales.model_sd)
+    sd = features.prior_sd(scales)
+    dense = np.diag(sd**2)
+    for columns, covariance in features.ordinal_blocks(sd):
+        dense[np.ix_(columns, columns)] = covariance
+    assert np.allclose(np.linalg.inv(features.prior_precision(scales)), dense)
+    marginal = design.x @ dense @ design.x.T + np.diag(design.noise)
+    expected = mu0 + dense @ design.x.T @ np.linalg.solve(marginal, design.y - design.x @ mu0)
+    assert np.allclose(surrogate._fit(features, design, mu0, scales).mean, expected)
+    residual = design.y - design.x @ mu0
+    _, logdet = np.linalg.slogdet(marginal)
+    quadratic = residual @ np.linalg.solve(marginal, residual)
+    log_density = -0.5 * (quadratic + logdet + len(residual) * math.log(2 * math.pi))
+    assert surrogate._log_evidence(features, design, mu0, scales) == pytest.approx(log_density)
