@@ -288,7 +288,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
         LLMSettings.from_env()
     monkeypatch.setenv("KF_LLM_TIMEOUT_S", "30")
     monkeypatch.setenv("KF_LLM_MODEL_CONFIG", '{"openai/a": {"price": 1}}')
-    with pytest.raises(ConfigurationError, match="KF_LLM_MODEL_CONFIG at openai/a.price: Extra inputs"):
+    with pytest.raises(ConfigurationError, match=r"KF_LLM_MODEL_CONFIG at openai/a\.price: Extra inputs"):
         LLMSettings.from_env()
 
 
