@@ -178,14 +178,26 @@ async def worker_polled_lately(client: Client, handle: WorkflowHandle[Any, Any])
 async def last_poll(client: Client, task_queue: str) -> datetime | None:
     """When a worker last polled ``task_queue`` for workflow tasks, by Temporal's poller list (its clock); None
     when it lists none."""
-    response = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
+    _, last = await queue_workers(client, task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
+    return last
+
+
+QUEUE_DESCRIBE_TIMEOUT = timedelta(seconds=5)
+"""How long `kf status` waits for Temporal to list a queue's pollers: a local server answers in milliseconds."""
+
+
+async def queue_workers(
+    client: Client, task_queue: str, kind: TaskQueueType.ValueType
+) -> tuple[list[str], datetime | None]:
+    """The identities of the workers that polled ``task_queue`` lately for tasks of ``kind``, and when one last did
+    (Temporal's poller list, on its clock: it forgets a poller some minutes after its last poll)."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
     )
-    return max((p.last_access_time.ToDatetime(tzinfo=UTC) for p in response.pollers), default=None)
+    response = await client.workflow_service.describe_task_queue(request, timeout=QUEUE_DESCRIBE_TIMEOUT)
+    identities = sorted({poller.identity for poller in response.pollers})
+    last = max((p.last_access_time.ToDatetime(tzinfo=UTC) for p in response.pollers), default=None)
+    return identities, last
 
 
 async def send_update(client: Client, search_id: str, name: str, arg: Any = None) -> SearchStatus:

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+from datetime import UTC, datetime
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.service import RPCError
+
+from activities.search_client import queue_workers
+from activities.temporal_client import connect
+from activities.worker import serveable_targets
 from engine import services
+from engine.errors import ConfigurationError, ServiceUnavailable
+from engine.search.spec import build_queue, control_queue, target_queue
 from engine.services import ServicesStatus, ServiceState, elsewhere
+from engine.services.status import QueueWorkers
+from engine.targets import cpu_target
 
 # `kf status` exit status when a server does not run, so scripts can test `kf status || kf up`.
 EXIT_NOT_RUNNING = 3
+
+LIVE_POLL_S = 75.0
+"""A worker's last poll older than this reads as gone: an idle worker's long poll returns and is sent again within
+about a minute, while Temporal keeps listing a poller for minutes after its last poll."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,8 +54,36 @@ def down(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     report = services.status()
+    if report.temporal.ok:
+        # Who would run a search started now: not part of the exit status, which says whether the servers run.
+        try:
+            report.workers = asyncio.run(_queue_workers())
+        except (RPCError, ServiceUnavailable, ConfigurationError, RuntimeError) as error:
+            report.workers_unknown = f"Temporal did not list the workers: {error}"
     _print(report, args.json)
     return 0 if report.all_running else EXIT_NOT_RUNNING
+
+
+async def _queue_workers() -> list[QueueWorkers]:
+    """The pollers of the queues a search on this machine needs: the control queue's workflows, its targets'
+    steps (the generic ``kf-cpu`` and the ISA's own) and the build queue's CUDA compiles."""
+    client = await connect()
+    queues = [(control_queue(), TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
+    targets = [cpu_target().split("-", 1)[0], *serveable_targets()]
+    for name in [*dict.fromkeys(target_queue("kf", target) for target in targets), build_queue()]:
+        queues.append((name, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
+    found = []
+    for name, kind in queues:
+        pollers, last = await queue_workers(client, name, kind)
+        found.append(
+            QueueWorkers(
+                task_queue=name,
+                kind="workflow" if kind == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW else "activity",
+                pollers=pollers,
+                last_poll=last,
+            )
+        )
+    return found
 
 
 def _print(report: ServicesStatus, as_json: bool) -> None:
@@ -57,6 +101,30 @@ def _print(report: ServicesStatus, as_json: bool) -> None:
             print(f"{'':<9} Web UI {service.ui_url}")
         if service.state is ServiceState.STOPPED and service.log and service.log.exists():
             print(f"{'':<9} log: {service.log}")
+    if report.workers is not None:
+        _print_workers(report.workers)
+    elif report.workers_unknown:
+        print(f"{'Workers':<9} unknown: {report.workers_unknown}")
     for home in report.elsewhere:
         # `kf` run in another folder than `kf up` was: the state folder is relative to where it runs.
         print(f"Elsewhere: the embedded servers of {home} run; {elsewhere.fix_for(home)} to use them")
+
+
+def _print_workers(queues: list[QueueWorkers]) -> None:
+    if not any(queue.pollers for queue in queues):
+        print(f"{'Workers':<9} none polls {queues[0].task_queue}: a search waits for one; start one with `kf worker`")
+        return
+    now = datetime.now(UTC)
+    width = max(len(queue.task_queue) for queue in queues)
+    for index, queue in enumerate(queues):
+        label = "Workers" if index == 0 else ""
+        if not queue.pollers:
+            print(f"{label:<9} {queue.task_queue:<{width}}  none")
+            continue
+        ago = ""
+        if queue.last_poll is not None:
+            seconds = max(0.0, (now - queue.last_poll).total_seconds())
+            ago = f", last poll {seconds:.0f} s ago"
+            if seconds > LIVE_POLL_S:
+                ago += ": likely gone (a live worker polls at least once a minute; Temporal lists it for minutes)"
+        print(f"{label:<9} {queue.task_queue:<{width}}  {len(queue.pollers)} ({', '.join(queue.pollers)}){ago}")

@@ -404,6 +404,10 @@ def test_a_background_worker_stops_on_a_signal_after_the_services_are_down(
     # `kf up; kf worker &; … kf down; kill -INT %1`: the worker inherited an ignored SIGINT, and Temporal and
     # Postgres are gone, its pollers retrying against nothing. It stops anyway, with the status of its signal.
     assert kf("up").returncode == 0
+    # `kf status` says who would run a search: no worker yet (and the exit status is the servers' alone).
+    before = kf("status")
+    assert before.returncode == 0, before.stderr
+    assert "Workers   none polls kf-control: a search waits for one; start one with `kf worker`" in before.stdout
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen(
@@ -415,6 +419,11 @@ def test_a_background_worker_stops_on_a_signal_after_the_services_are_down(
                 break
             time.sleep(0.5)
         assert "polling" in log.read_text(), log.read_text()
+        queues = {queue["task_queue"]: queue for queue in kf.status()["workers"]}
+        assert set(queues) >= {"kf-control", "kf-cpu", "kf-build"}, queues
+        for name in ("kf-control", "kf-cpu", "kf-build"):
+            assert any(identity.endswith(f":{worker.pid}") for identity in queues[name]["pollers"]), queues[name]
+        assert queues["kf-control"]["kind"] == "workflow" and queues["kf-build"]["kind"] == "activity"
         assert kf("down").returncode == 0
         worker.send_signal(signum)
         # A hang guard, not a timing check: before, an ignored SIGINT was never acted on.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 
@@ -54,6 +55,19 @@ class ServiceStatus(BaseModel):
         return line
 
 
+class QueueWorkers(BaseModel):
+    """Who polls one of Kernel Factory's task queues, as Temporal saw it: the workers a search's steps wait for."""
+
+    task_queue: str
+    """The queue (``kf-control``, ``kf-build``, ``kf-cpu-x86_64-avx512``, …)."""
+    kind: str
+    """``workflow`` (the control queue's searches) or ``activity`` (steps)."""
+    pollers: list[str] = Field(default_factory=list)
+    """Identities of the workers that polled it lately (``pid@host``), as Temporal lists them."""
+    last_poll: datetime | None = None
+    """When one last polled it, by Temporal's clock; None when none has lately."""
+
+
 class ServicesStatus(BaseModel):
     """Both servers of a state folder, and what the command that produced this report did."""
 
@@ -65,6 +79,11 @@ class ServicesStatus(BaseModel):
     """The Postgres server holding the event log."""
     notes: list[str] = Field(default_factory=list)
     """What the command did or found, in order: started, already running, stale pid file removed…"""
+    workers: list[QueueWorkers] | None = None
+    """Who polls the queues of a search on this machine (control, its CPU target, builds); None when Temporal does
+    not run here or could not say."""
+    workers_unknown: str | None = None
+    """Why the workers could not be listed while Temporal runs (it did not answer in time), else None."""
     elsewhere: list[Path] = Field(default_factory=list)
     """Other state folders whose embedded servers run, looked for only when a server of this one is stopped:
     ``kf`` run from another folder than ``kf up`` (KF_HOME defaults to ``.kf`` where a command runs)."""
