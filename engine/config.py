@@ -141,7 +141,8 @@ class Settings(BaseSettings):
 
 def settings() -> Settings:
     """The settings of the environment as it is now (tests point a process at their own servers by changing it)."""
-    return _settings_of(tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("KF_"))))
+    # pydantic-settings matches names regardless of case (kf_home too), so the cache key must as well.
+    return _settings_of(tuple(sorted((name, value) for name, value in os.environ.items() if name[:3].upper() == "KF_")))
 
 
 @functools.lru_cache(maxsize=16)
