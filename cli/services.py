@@ -23,6 +23,10 @@ from engine.targets import cpu_target
 # `kf status` exit status when a server does not run, so scripts can test `kf status || kf up`.
 EXIT_NOT_RUNNING = 3
 
+WORKERS_TIMEOUT_S = 10.0
+"""How long `kf status` waits for Temporal to list the workers before it says it could not: a server that runs
+but hangs must not hang the command that is run to find out."""
+
 LIVE_POLL_S = 75.0
 """A worker's last poll older than this reads as gone: an idle worker's long poll returns and is sent again within
 about a minute, while Temporal keeps listing a poller for minutes after its last poll."""
@@ -57,7 +61,9 @@ def status(args: argparse.Namespace) -> int:
     if report.temporal.ok:
         # Who would run a search started now: not part of the exit status, which says whether the servers run.
         try:
-            report.workers = asyncio.run(_queue_workers())
+            report.workers = asyncio.run(asyncio.wait_for(_queue_workers(), WORKERS_TIMEOUT_S))
+        except TimeoutError:
+            report.workers_unknown = f"Temporal did not list the workers within {WORKERS_TIMEOUT_S:g} s"
         except (RPCError, ServiceUnavailable, ConfigurationError, RuntimeError) as error:
             report.workers_unknown = f"Temporal did not list the workers: {error}"
     _print(report, args.json)

@@ -245,6 +245,23 @@ def test_only_servers_that_kf_up_started_count_as_another_state_folder(tmp_path:
     assert elsewhere.fix_for(tmp_path / ".kf") == f"set KF_HOME={tmp_path / '.kf'} (or run kf in {tmp_path})"
 
 
+def test_status_does_not_hang_on_a_temporal_that_runs_but_does_not_answer(kf: Kf) -> None:
+    assert kf("up").returncode == 0
+    temporal_pid = kf.status()["temporal"]["pid"]
+    os.kill(temporal_pid, signal.SIGSTOP)  # running by its pid file, answering nothing
+    try:
+        started = time.monotonic()
+        result = kf("status")
+        waited = time.monotonic() - started
+    finally:
+        os.kill(temporal_pid, signal.SIGCONT)
+    # The servers' state decides the exit status; the workers are reported as unknown, not waited for.
+    assert result.returncode == 0, result.stderr
+    assert "Workers   unknown: Temporal did not list the workers" in result.stdout, result.stdout
+    assert waited < 60, f"kf status took {waited:.0f} s"  # a hang guard: it gives Temporal 10 s
+    assert "none polls kf-control" in kf("status").stdout  # answering again, it lists them
+
+
 def test_half_started_up_starts_only_the_missing_server(kf: Kf) -> None:
     assert kf("up").returncode == 0
     postgres_pid = kf.status()["postgres"]["pid"]
