@@ -7,18 +7,10 @@ import asyncio
 import json
 from datetime import UTC, datetime
 
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.service import RPCError
-
-from activities.search_client import queue_workers
-from activities.temporal_client import connect
-from activities.worker import serveable_targets
 from engine import services
 from engine.errors import ConfigurationError, ServiceUnavailable
-from engine.search.spec import build_queue, control_queue, target_queue
 from engine.services import ServicesStatus, ServiceState, elsewhere
 from engine.services.status import QueueWorkers
-from engine.targets import cpu_target
 
 # `kf status` exit status when a server does not run, so scripts can test `kf status || kf up`.
 EXIT_NOT_RUNNING = 3
@@ -64,7 +56,7 @@ def status(args: argparse.Namespace) -> int:
             report.workers = asyncio.run(asyncio.wait_for(_queue_workers(), WORKERS_TIMEOUT_S))
         except TimeoutError:
             report.workers_unknown = f"Temporal did not list the workers within {WORKERS_TIMEOUT_S:g} s"
-        except (RPCError, ServiceUnavailable, ConfigurationError, RuntimeError) as error:
+        except (ServiceUnavailable, ConfigurationError, RuntimeError) as error:
             report.workers_unknown = f"Temporal did not list the workers: {error}"
     _print(report, args.json)
     return 0 if report.all_running else EXIT_NOT_RUNNING
@@ -73,6 +65,17 @@ def status(args: argparse.Namespace) -> int:
 async def _queue_workers() -> list[QueueWorkers]:
     """The pollers of the queues a search on this machine needs: the control queue's workflows, its targets'
     steps (the generic ``kf-cpu`` and the ISA's own) and the build queue's CUDA compiles."""
+    # Imported here: the Temporal client and the worker's modules take half a second to import, which `kf up`,
+    # `kf down` and a `kf status` with Temporal stopped need not pay.
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.service import RPCError
+
+    from activities.search_client import queue_workers
+    from activities.temporal_client import connect
+    from activities.worker import serveable_targets
+    from engine.search.spec import build_queue, control_queue, target_queue
+    from engine.targets import cpu_target
+
     client = await connect()
     queues = [(control_queue(), TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
     targets = [cpu_target().split("-", 1)[0], *serveable_targets()]
@@ -80,7 +83,10 @@ async def _queue_workers() -> list[QueueWorkers]:
         queues.append((name, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
     found = []
     for name, kind in queues:
-        pollers, last = await queue_workers(client, name, kind)
+        try:
+            pollers, last = await queue_workers(client, name, kind)
+        except RPCError as error:
+            raise ServiceUnavailable(f"{name}: {error}") from error
         found.append(
             QueueWorkers(
                 task_queue=name,
