@@ -105,12 +105,9 @@ class LLMSettings(BaseSettings):
         except ValidationError as error:
             reasons = []
             for item in error.errors():
-                field = str(item["loc"][0]) if item["loc"] else ""
-                info = cls.model_fields.get(field)
-                alias = info.validation_alias if info is not None else None
-                variable = (
-                    alias if isinstance(alias, str) else field if field.startswith("KF_") else f"KF_LLM_{field.upper()}"
-                )
+                # A field read through an alias (KF_MODELS) is reported under it, the others under their name.
+                where = str(item["loc"][0]) if item["loc"] else ""
+                variable = where if where.upper().startswith("KF_") else f"KF_LLM_{where.upper()}"
                 reason = str(item.get("ctx", {}).get("error") or item["msg"])
                 if variable in reason:
                     reasons.append(reason)
