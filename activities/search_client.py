@@ -9,10 +9,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.enums.v1 import PendingActivityState, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetWorkflowExecutionHistoryReverseRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -109,7 +116,8 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
     closed one is said as it ended: the query answers from the workflow's last state, which says running for one
     that failed."""
     handle = client.get_workflow_handle(search_id, result_type=SearchResult)
-    how = (await handle.describe()).status
+    description = await handle.describe()
+    how = description.status
     if how == WorkflowExecutionStatus.COMPLETED:
         ended = (await handle.result()).progress
         if ended is not None:  # None: a search that ended before results kept their progress
@@ -120,7 +128,53 @@ async def search_status(client: Client, search_id: str) -> SearchStatus:
         closed = _CLOSED.get(how)  # type: ignore[arg-type]
         if closed is not None:
             status = status.model_copy(update={"status": closed, "step": ""})
+        else:
+            status = status.model_copy(update={"waiting": await waiting_for(client, description)})
     return status
+
+
+WAIT_NOTICE_S = 3.0
+"""A step scheduled this long ago and not started is looked into: a free worker starts one within milliseconds, so
+only a worker that is just starting is spared the note."""
+
+LIVE_POLL = timedelta(seconds=75)
+"""A worker whose last poll is older than this reads as gone: an idle worker's long poll returns and is sent again
+within about a minute, while Temporal keeps listing a poller for minutes after its last poll."""
+
+
+async def waiting_for(client: Client, description: WorkflowExecutionDescription) -> list[str]:
+    """What a running search's steps wait for that may never come: one line per task queue on which a step has
+    waited to start for WAIT_NOTICE_S or more while no worker polled it within LIVE_POLL (a queue that live workers
+    poll only has them busy: its steps start in turn). Empty when Temporal cannot say (a `kf search show` must not
+    fail for want of a note)."""
+    now = datetime.now(UTC)
+    waiting: dict[str, list[PendingActivityInfo]] = {}
+    for step in description.raw_description.pending_activities:
+        queue = step.activity_options.task_queue.name
+        if step.state != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED or not queue:
+            continue
+        if (now - step.scheduled_time.ToDatetime(tzinfo=UTC)).total_seconds() >= WAIT_NOTICE_S:
+            waiting.setdefault(queue, []).append(step)
+    notes = []
+    for queue, steps in sorted(waiting.items()):
+        try:
+            _, last = await queue_workers(client, queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        except RPCError:
+            return []
+        if last is not None and now - last <= LIVE_POLL:
+            continue
+        since = min(step.scheduled_time.ToDatetime(tzinfo=UTC) for step in steps)
+        names = sorted({step.activity_type.name for step in steps})
+        what = f"{len(steps)} steps ({', '.join(names)})" if len(steps) > 1 else names[0]
+        seen = "no worker has polled it lately" if last is None else f"its last worker polled at {last:%H:%M:%S} UTC"
+        limits = {step.activity_options.schedule_to_start_timeout.ToSeconds() for step in steps} - {0}
+        deadline = since + timedelta(seconds=min(limits)) if limits else None
+        fails = f"; without one the search fails at {deadline:%H:%M:%S} UTC" if deadline else ""
+        notes.append(
+            f"{what} on task queue {queue!r} waiting since {since:%H:%M:%S} UTC: {seen}{fails}; start `kf worker` on "
+            "a machine with that hardware"
+        )
+    return notes
 
 
 async def status_from_log(client: Client, database_url: str, search_id: str) -> SearchStatus | None:

@@ -421,6 +421,7 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
     handle = client.get_workflow_handle(search_id, result_type=SearchResult)
     last = ""
     last_status: SearchStatus | None = None
+    waiting: list[str] = []
     outage_began: float | None = None
     delay = FIRST_DELAY_S
     while True:
@@ -435,6 +436,10 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
             if not as_json and line != last:
                 _print_progress(line)
                 last = line
+            if not as_json and last_status is not None and last_status.waiting != waiting:
+                waiting = last_status.waiting
+                for note in waiting:
+                    _print_progress(f"waiting: {note}")
             await asyncio.wait({result_task}, timeout=1.0)
         try:
             result: SearchResult = result_task.result()
@@ -508,6 +513,8 @@ def progress_line(status: SearchStatus) -> str:
         if status.best_ci_low is not None and status.best_ci_high is not None:
             best += f" [{status.best_ci_low:.3f}, {status.best_ci_high:.3f}]"
     doing = f"{status.step} · " if status.step and status.status in ("running", "paused") else ""
+    if status.waiting and status.status in ("running", "paused"):
+        doing += "waiting for a worker (see below) · "
     line = (
         f"[{status.status}] {progress_bar(status)} generation {status.generation}/{status.generations} · {doing}"
         f"{status.candidates_done} candidates · {verdicts} · "
@@ -655,6 +662,8 @@ def run_show(args: argparse.Namespace) -> int:
             print(f"incumbent: {status.incumbent}")
         for hint in status.hints:
             print(f"hint: {hint}")
+        for note in status.waiting:
+            print(f"waiting: {note}")
         if status.from_log:
             print("(from the event log: no worker answers for this search)")
         print(f"UI: {ui_url(status.search_id)}")

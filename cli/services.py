@@ -19,10 +19,6 @@ WORKERS_TIMEOUT_S = 10.0
 """How long `kf status` waits for Temporal to list the workers before it says it could not: a server that runs
 but hangs must not hang the command that is run to find out."""
 
-LIVE_POLL_S = 75.0
-"""A worker's last poll older than this reads as gone: an idle worker's long poll returns and is sent again within
-about a minute, while Temporal keeps listing a poller for minutes after its last poll."""
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     commands = [
@@ -123,6 +119,8 @@ def _print(report: ServicesStatus, as_json: bool) -> None:
 
 
 def _print_workers(queues: list[QueueWorkers]) -> None:
+    from activities.search_client import LIVE_POLL  # only once Temporal runs: the import costs half a second
+
     if not any(queue.pollers for queue in queues):
         print(f"{'Workers':<9} none polls {queues[0].task_queue}: a search waits for one; start one with `kf worker`")
         return
@@ -137,6 +135,6 @@ def _print_workers(queues: list[QueueWorkers]) -> None:
         if queue.last_poll is not None:
             seconds = max(0.0, (now - queue.last_poll).total_seconds())
             ago = f", last poll {seconds:.0f} s ago"
-            if seconds > LIVE_POLL_S:
+            if seconds > LIVE_POLL.total_seconds():
                 ago += ": likely gone (a live worker polls at least once a minute; Temporal lists it for minutes)"
         print(f"{label:<9} {queue.task_queue:<{width}}  {len(queue.pollers)} ({', '.join(queue.pollers)}){ago}")

@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailed
 
 from activities.search_client import list_searches, queried_status, search_status
 from cli import exit_status
+from cli.search import progress_line
 from engine.evidence.store import EventStore
 from engine.hardware import machine_key
 from engine.harness.backend import backend_for
@@ -361,11 +362,23 @@ async def test_a_broken_problem_definition_stops_the_search_with_its_reason(
 
 
 async def test_a_target_no_worker_serves_fails_naming_the_queue(client: Client, store: EventStore, prefix: str) -> None:
+    queue = f"{prefix}-cuda-sm90"
     async with running_worker(client, store, prefix):
-        handle = await start(client, prefix, {"problem": "softmax", "target": "cuda-sm90", "worker_wait_seconds": 2})
+        handle = await start(client, prefix, {"problem": "softmax", "target": "cuda-sm90", "worker_wait_seconds": 12})
+        # Meanwhile `kf search show` says what the search waits for and how to give it one: a step scheduled on a
+        # queue no worker polls (the control queue's worker answers the query).
+        deadline = asyncio.get_running_loop().time() + 10
+        status = await search_status(client, handle.id)
+        while not status.waiting and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.5)
+            status = await search_status(client, handle.id)
+        assert status.status == "running" and len(status.waiting) == 1, status
+        assert f"on task queue {queue!r}" in status.waiting[0] and "no worker has polled it" in status.waiting[0]
+        assert "without one the search fails at" in status.waiting[0] and "start `kf worker`" in status.waiting[0]
+        assert "waiting for a worker" in progress_line(status)
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), timeout=60)
-    assert f"{prefix}-cuda-sm90" in str(failure.value.cause)
+    assert queue in str(failure.value.cause)
 
 
 async def wait_for(client: Client, search_id: str, condition: Any, timeout: float = 120) -> SearchStatus:
@@ -407,6 +420,8 @@ async def test_pause_resume_hint_and_stop(client: Client, store: EventStore, pre
         assert said is not None and said[0] == exit_status.BAD_INPUT and "below the search's" in said[1], said
         await handle.execute_update("resume", result_type=SearchStatus)
         await wait_for(client, handle.id, lambda s: s.candidates_done > frozen)
+        # Its steps start as soon as the worker is free: nothing waits for a worker that is not there.
+        assert (await search_status(client, handle.id)).waiting == []
         await handle.execute_update("stop", result_type=SearchStatus)
         result = await handle.result()
         await assert_list_agrees_with_show(client, handle.id)

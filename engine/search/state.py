@@ -213,6 +213,10 @@ class SearchStatus(BaseModel):
     step: str = ""
     """What is under way now: "proposing 4 candidates", "compiling 1 · benchmarking 2" (candidates per step),
     "final playoff round 1 of 3"; empty between steps and once the search has ended."""
+    waiting: list[str] = Field(default_factory=list)
+    """Steps that wait for a worker no live one polls for: one line per task queue, naming the queue, since when,
+    and the fix (`kf worker` on that hardware). Not the workflow's answer: Temporal's pending steps and poller lists,
+    added by the client that asks (activities/search_client.py waiting_for); empty when every step can start."""
     from_log: bool = False
     """Built from the event log, not answered by the workflow (a search that failed or was terminated, with no
     worker left to answer; engine/search/logged_status.py): what was under way when it ended is not there."""
