@@ -53,8 +53,26 @@ def test_artifact_id_covers_source_and_flags(cache: Path) -> None:
         (f"{HEADER}void softmax(float *x, float *y, int64_t rows, int64_t cols) {{ }}", "wrong_signature", "float *"),
         (f"{HEADER}void helper(void);\nvoid softmax({SOFTMAX_ARGS}) {{ helper(); }}", "linker", "helper"),
         ('#include "nonexistent/header.h"\n', "include", "nonexistent"),
+        # A source cut short: the compiler first trips over what the harness appends (or a header it includes),
+        # and the message says the source ended unfinished rather than quoting a system header's line alone.
+        ("int truncated(\n", "syntax", "the source ends inside something unfinished"),
+        (f"{HEADER}void softmax({SOFTMAX_ARGS}) {{\n  for (;;) {{\n", "syntax", "past its last line (4)"),
+        # An unterminated comment must not end at a comment the harness appends and leave no entry point.
+        (f"/* never closed\n{HEADER}void softmax({SOFTMAX_ARGS}) {{ }}\n", "syntax", "unterminated comment"),
     ],
-    ids=["syntax", "undeclared", "no-header", "missing-entry", "fewer-params", "non-const", "linker", "include"],
+    ids=[
+        "syntax",
+        "undeclared",
+        "no-header",
+        "missing-entry",
+        "fewer-params",
+        "non-const",
+        "linker",
+        "include",
+        "cut-short",
+        "open-brace",
+        "open-comment",
+    ],
 )
 def test_compile_errors_are_structured(source: str, category: str, says: str, cache: Path) -> None:
     result = compile_source(load_problem("softmax"), source, cache_dir=cache)

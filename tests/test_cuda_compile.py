@@ -179,6 +179,26 @@ def test_a_syntax_error_is_a_compile_error_with_its_first_line(softmax: Problem,
     assert result.verdict == Verdict.compile_error and result.error_category == "syntax"
     assert result.first_error is not None and 'expected a ";"' in result.first_error
     assert result.first_error.startswith("kernel.cu(6): error") and result.artifact_id is None
+
+
+@pytest.mark.parametrize(
+    ("cut", "says"),
+    [
+        ("    if (i < rows * cols) y[i] = 2.0f * x[i];\n}\n", "the source ends inside something unfinished"),
+        ("}\n", "the source ends inside something unfinished"),
+        ("", "comment unclosed at end of file"),
+    ],
+    ids=["open-body", "open-brace", "open-comment"],
+)
+def test_a_source_cut_short_is_a_syntax_error_not_a_wrong_signature(
+    softmax: Problem, tmp_path: Path, cut: str, says: str
+) -> None:
+    # NVRTC meets the end of an unfinished source on the declaration the harness appends: that is no signature of
+    # the kernel's to blame.
+    source = SCALE[: len(SCALE) - len(cut)] if cut else SCALE + "/* never closed\n"
+    result = compile_cuda(softmax, source, arch="sm_90", cache_dir=tmp_path)
+    assert result.verdict == Verdict.compile_error and result.error_category == "syntax", result.first_error
+    assert says in str(result.first_error)
     undeclared = compile_cuda(softmax, SCALE.replace("2.0f * x[i]", "scale * x[i]"), arch="sm_90", cache_dir=tmp_path)
     assert undeclared.error_category == "undeclared" and '"scale" is undefined' in str(undeclared.first_error)
 

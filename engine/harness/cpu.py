@@ -220,11 +220,12 @@ def _artifact_id(problem: Problem, source: str, flags: list[str]) -> str:
 
 
 def _with_signature_check(problem: Problem, source: str) -> str:
-    # Appended, not prepended: line numbers in the candidate's errors stay its own. `__dso_handle` is defined by
-    # crtbegin, which -nostartfiles leaves out; without it atexit() fails to link with a puzzling "undefined
-    # reference to __dso_handle", and with it the screen names the exit handler for what it is.
+    # Appended, not prepended: line numbers in the candidate's errors stay its own. A line comment, not a block
+    # one: a candidate's unterminated /* would end at its */ and swallow the source's end without an error.
+    # `__dso_handle` is defined by crtbegin, which -nostartfiles leaves out; without it atexit() fails to link with
+    # a puzzling "undefined reference to __dso_handle", and with it the screen names the exit handler for what it is.
     return (
-        f"{source}\n\n/* appended by the harness: the entry point must match the problem's C ABI */\n"
+        f"{source}\n\n// appended by the harness: the entry point must match the problem's C ABI\n"
         f"#include <stdint.h>\n{problem.signature};\n"
         '__attribute__((visibility("hidden"))) void *const __dso_handle = (void *)&__dso_handle;\n'
     )
@@ -304,7 +305,7 @@ def _compile(
             sandbox, [compiler, *flags, *FORCED_FLAGS, "-S", "-o", "kernel.s", "kernel.c"]
         )
         log = outcome.output_tail.replace(str(sandbox.dir) + "/", "")
-        failed = _failed_step(problem, outcome, patience, log, base)
+        failed = _failed_step(problem, outcome, patience, log, base, len(source.splitlines()))
         if failed is not None:
             return _machine_or(failed, sandbox.dir, compiler)
         assembly = sandbox.dir / "kernel.s"
@@ -315,7 +316,7 @@ def _compile(
             sandbox, [compiler, *flags, *FORCED_FLAGS, "-o", "kernel.so", "kernel.s", "-lm"]
         )
         log = (log + outcome.output_tail.replace(str(sandbox.dir) + "/", ""))[-LOG_LIMIT:]
-        failed = _failed_step(problem, outcome, patience, log, base)
+        failed = _failed_step(problem, outcome, patience, log, base, len(source.splitlines()))
         if failed is not None:
             return _machine_or(failed, sandbox.dir, compiler)
         library = sandbox.dir / "kernel.so"
@@ -399,9 +400,15 @@ def _run_compiler(sandbox: Sandbox, command: list[str]) -> tuple[SandboxOutcome,
 
 
 def _failed_step(
-    problem: Problem, outcome: SandboxOutcome, patience: CompilePatience, log: str, base: CompileResult
+    problem: Problem,
+    outcome: SandboxOutcome,
+    patience: CompilePatience,
+    log: str,
+    base: CompileResult,
+    source_lines: int,
 ) -> CompileResult | None:
-    """The result of a compiler run that failed (stopped, killed from outside, or exited non-zero), or None."""
+    """The result of a compiler run that failed (stopped, killed from outside, or exited non-zero), or None.
+    ``source_lines``: the candidate's lines at the head of kernel.c."""
     if outcome.killed and patience.stop == "held":
         return base.model_copy(
             update={
@@ -434,7 +441,7 @@ def _failed_step(
             }
         )
     if outcome.exit_code != 0:
-        category, first = categorize(log, problem)
+        category, first = categorize(log, problem, source_lines)
         if outcome.signal is not None or outcome.setup_error:
             category = "compiler_crash"
             first = outcome.setup_error or f"the compiler died from signal {outcome.signal}"
@@ -492,10 +499,26 @@ def _defined_symbols(library: Path) -> set[str]:
     return {name for _, _, name in _nm(library)}
 
 
-def categorize(log: str, problem: Problem) -> tuple[str, str]:
-    """(category, first error) of a failed compile, from the compiler's output."""
+_KERNEL_LINE = re.compile(r"(?:^|\bfrom )kernel\.c:(\d+)")
+
+
+def categorize(log: str, problem: Problem, source_lines: int | None = None) -> tuple[str, str]:
+    """(category, first error) of a failed compile, from the compiler's output. ``source_lines``: how many lines of
+    kernel.c are the candidate's (the harness appends the entry point's declaration after them)."""
     lines = log.splitlines()
-    first = next((line for line in lines if "error:" in line), None)
+    at = next((i for i, line in enumerate(lines) if "error:" in line), None)
+    first = lines[at] if at is not None else None
+    if first is not None and source_lines is not None and "conflicting types" not in first:
+        # Where the first error is: the error's own line, else the include chain above it, ends in kernel.c. Past
+        # the candidate's last line means its code was still unfinished when it ended, and the compiler only
+        # noticed in the harness's lines (or in the header they include): that error names nothing of the kernel.
+        chain = [int(m.group(1)) for line in lines[max(0, at - 8) : at + 1] if (m := _KERNEL_LINE.search(line))]
+        if chain and chain[-1] > source_lines:
+            return "syntax", (
+                "the source ends inside something unfinished (an unclosed parenthesis, brace, comment or "
+                f"declaration): the compiler's first error is past its last line ({source_lines}), in what the "
+                f"harness appends after it to declare the entry point: {first.strip()}"
+            )
     if first is None or "ld returned" in first:
         linker = ("undefined reference", "multiple definition")
         first = next((line for line in lines if any(k in line for k in linker)), first)

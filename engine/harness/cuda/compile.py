@@ -334,16 +334,25 @@ def categorize(log: str, problem: Problem, declaration_line: int | None = None) 
         return "other", other.strip() or "NVRTC failed without a message"
     match, first = errors[0]
     text = match.group("message").lower()
-    if declaration_line is not None and int(match.group("line")) == declaration_line:
-        return (
-            "wrong_signature",
-            f"{first} -- the kernel must be `{problem.signature}` (a definition, exactly these types)",
+    if declaration_line is not None and int(match.group("line")) >= declaration_line:
+        if int(match.group("line")) == declaration_line and (
+            problem.entry in match.group("message") or "incompatible" in text or "overloaded" in text
+        ):
+            return (
+                "wrong_signature",
+                f"{first} -- the kernel must be `{problem.signature}` (a definition, exactly these types)",
+            )
+        # An error about something else on (or after) the appended declaration: the source ended inside an
+        # unfinished construct, which NVRTC only noticed in the harness's lines.
+        return "syntax", (
+            "the source ends inside something unfinished (an unclosed parenthesis, brace or declaration): NVRTC's "
+            f"first error is in the declaration of the kernel the harness appends after it: {first}"
         )
     if "could not open source file" in text:
         return "include", first
     if "is undefined" in text or "undeclared" in text:
         return "undeclared", first
-    if text.startswith("expected") or "unrecognized token" in text or "missing closing" in text:
+    if text.startswith("expected") or any(k in text for k in ("unrecognized token", "missing closing", "unclosed")):
         return "syntax", first
     if any(
         k in text
