@@ -508,7 +508,7 @@ def categorize(log: str, problem: Problem, source_lines: int | None = None) -> t
     lines = log.splitlines()
     at = next((i for i, line in enumerate(lines) if "error:" in line), None)
     first = lines[at] if at is not None else None
-    if first is not None and source_lines is not None and "conflicting types" not in first:
+    if at is not None and first is not None and source_lines is not None and "conflicting types" not in first:
         # Where the first error is: the error's own line, else the include chain above it, ends in kernel.c. Past
         # the candidate's last line means its code was still unfinished when it ended, and the compiler only
         # noticed in the harness's lines (or in the header they include): that error names nothing of the kernel.
