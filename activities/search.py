@@ -330,12 +330,14 @@ class SearchActivities:
         polled = activity.info().task_queue
         prefix = polled[: -len(target) - 1] if polled.endswith("-" + target) else "kf"
         resolved = cpu_target() if target == "cpu" else target
+        backend = self._target_backend(resolved)
         return TargetInfo(
             target=resolved,
             queue=f"{prefix}-{resolved}",
             worker=self.identity,
             hardware=self.hardware(),
-            machine=self.machine(self._target_backend(resolved)),
+            machine=self.machine(backend),
+            cpus=len(os.sched_getaffinity(0)) if backend.kind == "cpu" else None,
         )
 
     @activity.defn(name="kf.compile")

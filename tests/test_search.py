@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import uuid
 from collections import Counter
@@ -316,6 +317,8 @@ async def test_the_web_ui_payload_alone_starts_a_complete_search(client: Client,
         ({"problem": "softmax", "budget": {"max_candidates": -5}}, "max_candidates"),
         ({"problem": "no-such-problem"}, "unknown problem 'no-such-problem'"),
         ({"problem": "softmax", "generationz": 2}, "generationz"),
+        # More threads than the worker's machine has: every benchmark would fail there, for the whole budget.
+        ({"problem": "softmax", "threads": len(os.sched_getaffinity(0)) + 1}, "may use"),
     ],
 )
 async def test_bad_input_fails_the_search_at_once(

@@ -159,6 +159,16 @@ class KernelSearch:
             self._seed = None
         if state.target_queue is None:
             info = await self._resolve_target(spec)
+            if info.cpus is not None and spec.threads > info.cpus:
+                # Every benchmark would fail on the worker, retried and then counted as the harness's failure, for
+                # the search's whole budget: the request is what is wrong, so the search ends at once, saying so.
+                raise ApplicationError(
+                    f"invalid search input: threads = {spec.threads}, but the worker serving {info.target} "
+                    f"({info.worker}) may use {info.cpus} CPUs; ask for at most {info.cpus} (--threads), or start "
+                    "`kf worker` on a machine with more cores",
+                    type="ValidationError",
+                    non_retryable=True,
+                )
             state.target_queue = info.queue
             state.target_machine = info.machine
             await self._record(f"{state.search_id}/target", "search.target_resolved", info.model_dump(mode="json"))

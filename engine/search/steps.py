@@ -68,6 +68,9 @@ class TargetInfo(BaseModel):
     machine: str | None = None
     """The machine key of its hardware for the target (engine/hardware.py machine_key); None from a worker that
     predates it. Only readings taken on this machine settle a setting for the search."""
+    cpus: int | None = None
+    """How many CPUs the answering worker may use (its affinity) for a CPU target: a search asking for more
+    threads could never be timed there. None for a GPU target, or from a worker that predates it."""
 
 
 class ProposeInput(BaseModel):
