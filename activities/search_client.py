@@ -194,6 +194,21 @@ async def status_from_log(client: Client, database_url: str, search_id: str) -> 
     return logged_status(history, closed, problem=attributes.get(PROBLEM_ATTR), target=attributes.get(TARGET_ATTR))
 
 
+async def status_from_log_alone(database_url: str, search_id: str) -> SearchStatus | None:
+    """The progress of a search Temporal does not hold (its history passed the namespace's retention, or it ran on
+    another Temporal server), as the event log tells it: how it ended from its ``search.finished`` event, else
+    ``unknown``. None when the log holds no event of it either."""
+    store = await EventStore.connect(database_url)
+    try:
+        history = await load_search_history(store, search_id)
+    finally:
+        await store.close()
+    if not history.events:
+        return None
+    ended = history.finished.payload.get("status") if history.finished is not None else None
+    return logged_status(history, str(ended or "unknown"), problem=None, target=None)
+
+
 async def queried_status(client: Client, search_id: str) -> SearchStatus:
     """The `status` query's answer, waiting longer for a worker that polls the search's queue but is busy."""
     handle = client.get_workflow_handle(search_id)

@@ -479,10 +479,20 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
 
 
 async def _follow_existing(search_id: str, as_json: bool) -> int:
-    from activities.temporal_client import connect, unreachable
+    from activities.search_client import status_from_log_alone
+    from activities.temporal_client import connect, not_found, unreachable
 
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if not as_json else None
     client = await wait_out(connect, what="Temporal", transient=unreachable, say=say)
+    try:
+        await client.get_workflow_handle(search_id).describe()
+    except Exception as error:
+        # Nothing to follow in Temporal: a search it no longer holds is shown from its event log, as without --wait;
+        # an id neither knows is bad input (cli.main says so).
+        alone = await status_from_log_alone(database_url(), search_id) if not_found(error) else None
+        if alone is None:
+            raise
+        return _show(alone, NO_END if alone.status == "unknown" else None, True, as_json)
     return await follow(client, search_id, as_json)
 
 
@@ -634,9 +644,15 @@ def run_show(args: argparse.Namespace) -> int:
     if args.wait:
         return _following([args.search_id], lambda: asyncio.run(_follow_existing(args.search_id, args.json)))
 
-    async def go() -> tuple[SearchStatus, str | None]:
-        from activities.search_client import CLOSED_WITHOUT_RESULT, search_status, status_from_log, why_it_ended
-        from activities.temporal_client import connect, no_worker
+    async def go() -> tuple[SearchStatus, str | None, bool]:
+        from activities.search_client import (
+            CLOSED_WITHOUT_RESULT,
+            search_status,
+            status_from_log,
+            status_from_log_alone,
+            why_it_ended,
+        )
+        from activities.temporal_client import connect, no_worker, not_found
 
         client = await connect()
         try:
@@ -644,6 +660,12 @@ def run_show(args: argparse.Namespace) -> int:
         except Exception as error:
             # A search that failed or was terminated keeps no progress in a result, and its workers may be long
             # gone: its event log tells it instead. A running search with no worker is still "no worker answers".
+            # One Temporal no longer holds (its retention passed: a day on the dev server) is in the log too.
+            if not_found(error):
+                alone = await status_from_log_alone(database_url(), args.search_id)
+                if alone is None:
+                    raise
+                return alone, NO_END if alone.status == "unknown" else None, True
             if not no_worker(error):
                 raise
             logged = await status_from_log(client, database_url(), args.search_id)
@@ -651,10 +673,23 @@ def run_show(args: argparse.Namespace) -> int:
                 raise
             status = logged
         ended = status.status in CLOSED_WITHOUT_RESULT  # said so by Temporal's description: no need to ask again
-        return status, (await why_it_ended(client, args.search_id, status.status) if ended else None)
+        return status, (await why_it_ended(client, args.search_id, status.status) if ended else None), False
 
-    status, how = asyncio.run(go())
-    if args.json:
+    status, how, gone = asyncio.run(go())
+    return _show(status, how, gone, args.json)
+
+
+GONE = (
+    "(from the event log: Temporal holds no search of that id -- its history passed the namespace's retention, or it "
+    "ran on another Temporal server)"
+)
+NO_END = "has no end in its event log: it failed, was terminated, or runs on another Temporal server"
+
+
+def _show(status: SearchStatus, how: str | None, gone: bool, as_json: bool) -> int:
+    """Print what `kf search show` says of ``status``; its exit status. ``how``: how a search ended without its
+    result (exit 1); ``gone``: Temporal no longer holds the search (read from the event log alone)."""
+    if as_json:
         print(status.model_dump_json())
     else:
         print(progress_line(status))
@@ -664,12 +699,15 @@ def run_show(args: argparse.Namespace) -> int:
             print(f"hint: {hint}")
         for note in status.waiting:
             print(f"waiting: {note}")
-        if status.from_log:
+        if gone:
+            print(GONE)
+        elif status.from_log:
             print("(from the event log: no worker answers for this search)")
-        print(f"UI: {ui_url(status.search_id)}")
+        if not gone:  # Temporal's UI has no page for it either
+            print(f"UI: {ui_url(status.search_id)}")
     if how is not None:
         # A search that ended without its result: exit 1, as `--wait` does (cli/exit_status.py).
-        if not args.json:
+        if not as_json:
             print(f"kf: search {status.search_id} {how}", file=sys.stderr)
         return 1
     return 0

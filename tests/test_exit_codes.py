@@ -29,7 +29,10 @@ from pathlib import Path
 
 import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, running_worker, start
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities import search_client
@@ -452,3 +455,36 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
     assert_status(said, exit_status.FAILED)
     assert said.out.startswith("[terminated] ") and "(from the event log: no worker answers" in said.out
     assert said.err == f"kf: search {handle.id} terminated: stopped by the test\n", said.err
+
+    # Temporal forgets it (as its retention does, a day on the dev server): the log alone tells it, with no end
+    # recorded (terminated), so exit 1 saying so; followed with --wait, the same; an id neither knows is bad input.
+    await client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=handle.id)
+        )
+    )
+    for _ in range(100):
+        try:
+            await client.get_workflow_handle(handle.id).describe()
+        except RPCError:
+            break
+        await asyncio.sleep(0.1)
+    shown, said, followed, unknown = await kf_many(
+        [
+            ["search", "show", handle.id, "--json"],
+            ["search", "show", handle.id],
+            ["search", "show", handle.id, "--wait"],
+            ["search", "show", f"{handle.id}-never"],
+        ],
+        env,
+    )
+    for done in (shown, said, followed):
+        assert_status(done, exit_status.FAILED)
+    forgotten = json.loads(shown.out)
+    assert forgotten["status"] == "unknown" and forgotten["from_log"] is True
+    for field in shared:
+        assert forgotten[field] == logged[field], (field, forgotten[field], logged[field])
+    assert said.out.startswith("[unknown] ") and "Temporal holds no search of that id" in said.out
+    assert "UI:" not in said.out and "has no end in its event log" in said.err
+    assert followed.out == said.out and followed.err == said.err
+    assert_status(unknown, exit_status.BAD_INPUT)

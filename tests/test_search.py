@@ -19,7 +19,7 @@ import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 
-from activities.search_client import list_searches, queried_status, search_status
+from activities.search_client import list_searches, queried_status, search_status, status_from_log_alone
 from cli import exit_status
 from cli.search import progress_line
 from engine.evidence.store import EventStore
@@ -74,7 +74,7 @@ async def assert_list_agrees_with_show(client: Client, search_id: str, generatio
 
 
 async def test_two_generation_search_records_everything_and_promotes_only_on_confidence(
-    client: Client, store: EventStore, prefix: str
+    client: Client, store: EventStore, prefix: str, fresh_db_url: str
 ) -> None:
     async with running_worker(client, store, prefix):
         handle = await start(
@@ -113,6 +113,12 @@ async def test_two_generation_search_records_everything_and_promotes_only_on_con
     assert compiled.metadata["attempt"] >= 1 and compiled.metadata["activity_id"]
     assert compiled.metadata["worker"] == f"test-worker-{prefix}"
     assert compiled.metadata["hardware"]["cpu_model"]
+    # Once Temporal no longer holds it (retention), `kf search show` reads how it ended from the event log alone.
+    alone = await status_from_log_alone(fresh_db_url, handle.id)
+    assert alone is not None and alone.status == "completed" and alone.from_log, alone
+    assert (alone.candidates_done, alone.incumbent_id) == (result.candidates_done, result.incumbent.candidate_id)
+    assert alone.best_speedup == result.best_speedup and alone.generation == 2
+    assert await status_from_log_alone(fresh_db_url, f"{handle.id}-never") is None
 
 
 def test_a_reading_is_shaky_when_its_interval_is_wide_or_its_cores_were_shared() -> None:
