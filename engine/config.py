@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     """``KF_TEMPORAL_ADDRESS``: ``host:port`` of a Temporal frontend; None for the embedded dev server."""
     temporal_namespace: str = "default"
     """``KF_TEMPORAL_NAMESPACE``: the namespace searches run in."""
+    temporal_retention_days: int = Field(default=30, ge=1, le=3650)
+    """``KF_TEMPORAL_RETENTION_DAYS``: how long the embedded dev server keeps a closed search's history (its own
+    default is a day); `kf up` sets it on the namespace. The event log keeps everything regardless."""
     temporal_port: int = DEFAULT_TEMPORAL_PORT
     """``KF_TEMPORAL_PORT``: the gRPC port a new embedded dev server listens on."""
     temporal_ui_port: int | None = None
@@ -156,7 +159,9 @@ def _settings_of(environment: tuple[tuple[str, str], ...]) -> Settings:
             reason = str(item.get("ctx", {}).get("error") or item["msg"])
             # The validators above name their variable; pydantic's own checks (a choice, a bound) do not.
             variable = f"KF_{str(item['loc'][0]).upper()}" if item["loc"] else "KF_*"
-            reasons.append(reason if variable in reason else f"{variable}={item['input']!r}: {reason}")
+            reasons.append(
+                reason if variable in reason else f"{variable}={item['input']!r}: {reason}; unset it for its default"
+            )
         raise ConfigurationError("; ".join(reasons)) from None
 
 
@@ -183,6 +188,11 @@ def temporal_address_override() -> str | None:
 def temporal_namespace() -> str:
     """The Temporal namespace searches run in."""
     return settings().temporal_namespace
+
+
+def temporal_retention_days() -> int:
+    """Days the embedded dev server keeps closed searches' histories (``KF_TEMPORAL_RETENTION_DAYS``)."""
+    return settings().temporal_retention_days
 
 
 def temporal_ports() -> tuple[int, int]:

@@ -125,6 +125,18 @@ async def test_up_status_down_up_keeps_the_data(kf: Kf) -> None:
     attributes = json.loads(kf.temporal("operator", "search-attribute", "list", "--output", "json").stdout)
     assert set(services.SEARCH_ATTRIBUTES) <= set(attributes["customAttributes"])
 
+    # Closed searches are kept a month, not the dev server's day; a `kf up` with another retention applies it.
+    def retention() -> str:
+        described = kf.temporal("operator", "namespace", "describe", "--output", "json", "--namespace", "default")
+        return str(json.loads(described.stdout)["config"]["workflowExecutionRetentionTtl"])
+
+    assert retention() == f"{30 * 86400}s" and "closed searches are kept 30 days" in started.stdout
+    kf.env["KF_TEMPORAL_RETENTION_DAYS"] = "2"
+    shorter = kf("up")
+    assert shorter.returncode == 0 and "closed searches are kept 2 days" in shorter.stdout, shorter.stdout
+    assert retention() == f"{2 * 86400}s"
+    del kf.env["KF_TEMPORAL_RETENTION_DAYS"]
+
     # The owner creates tables; the application's role (database_url) may only read and insert into them.
     connection = await asyncpg.connect(connections.database_owner_url())
     try:

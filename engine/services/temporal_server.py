@@ -23,6 +23,7 @@ from engine.config import (
     DEFAULT_TEMPORAL_UI_PORT,
     temporal_address_override,
     temporal_namespace,
+    temporal_retention_days,
     temporal_ports,
 )
 from engine.errors import ConfigurationError, ServiceError
@@ -240,6 +241,7 @@ def register_search_attributes(paths: StatePaths, notes: list[str]) -> None:
         record = running(paths, notes)
         if record is not None:
             ensure_search_attributes(f"{record.ip}:{record.port}", notes)
+            ensure_retention(f"{record.ip}:{record.port}", notes)
         return
     host, _, port = external.rpartition(":")
     if not (port.isdigit() and ports.accepts_connections(host or IP, int(port))):
@@ -267,6 +269,19 @@ def ensure_search_attributes(address: str, notes: list[str]) -> None:
             notes.append(f"Temporal: registered search attribute {name} ({kind})")
         elif have.rpartition("_TYPE_")[2].replace("_", "") != kind.upper():
             notes.append(f"Temporal: search attribute {name} is {have}, expected {kind}; searches may not index it")
+
+
+def ensure_retention(address: str, notes: list[str]) -> None:
+    """Keep closed searches' histories for KF_TEMPORAL_RETENTION_DAYS on the embedded dev server, whose namespace
+    keeps them a day: `kf search list` would forget yesterday's searches and the Web UI lose their pages (the event
+    log keeps everything regardless). Only the embedded server: an external one's retention is its operator's."""
+    namespace = ["--address", address, "--namespace", temporal_namespace()]
+    described = json.loads(_cli(["operator", "namespace", "describe", "--output", "json", *namespace]))
+    wanted = temporal_retention_days()
+    kept = str(described.get("config", {}).get("workflowExecutionRetentionTtl", ""))
+    if kept != f"{wanted * 86400}s":
+        _cli(["operator", "namespace", "update", "--retention", f"{wanted * 24}h", *namespace])
+        notes.append(f"Temporal: closed searches are kept {wanted} days (KF_TEMPORAL_RETENTION_DAYS)")
 
 
 def stop(paths: StatePaths, notes: list[str]) -> None:
