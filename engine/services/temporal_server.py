@@ -23,8 +23,8 @@ from engine.config import (
     DEFAULT_TEMPORAL_UI_PORT,
     temporal_address_override,
     temporal_namespace,
-    temporal_retention_days,
     temporal_ports,
+    temporal_retention_days,
 )
 from engine.errors import ConfigurationError, ServiceError
 from engine.services import elsewhere, logs, pidfile, ports, processes
