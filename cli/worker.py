@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 from collections.abc import Coroutine
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 from cli import exit_status
 from engine.config import metrics_port
 from engine.connections import database_url
+from engine.errors import UserError
 from engine.hardware import cpu_target
+from engine.targets import scan_gpus
 
 METRICS_HOST = "127.0.0.1"
 """Where the metrics are served unless --metrics-host says otherwise: this machine only."""
@@ -30,7 +33,9 @@ def register(subparsers: Any) -> None:
         "One worker serves one GPU: on a machine with several, run one `kf worker --gpu N` per GPU. "
         "Stop with Ctrl-C (exit status 130) or SIGTERM (143).",
     )
-    parser.add_argument("--prefix", default="kf", help="task queue prefix (default: kf)")
+    parser.add_argument(
+        "--prefix", type=_prefix, default="kf", help="task queue prefix: letters, digits, _ . - (default: kf)"
+    )
     parser.add_argument(
         "--gpu",
         default=None,
@@ -40,6 +45,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-control", action="store_true", help="serve only hardware queues")
     parser.add_argument(
         "--identity",
+        type=_identity,
         default=None,
         help="worker identity recorded with every outcome (default: kf-worker@<host>:<pid>)",
     )
@@ -60,6 +66,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _prefix(text: str) -> str:
+    # The same rule as a search's task_queue_prefix: a worker on a prefix no search can name would wait forever.
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a task queue prefix; use 1 to 64 letters, digits, '_', '.' or '-' (e.g. kf, team-a)"
+        )
+    return text
+
+
+def _identity(text: str) -> str:
+    # Recorded with every outcome the worker writes: an empty or unprintable one would name no one in the audit.
+    if not text.strip() or not text.isprintable() or len(text) > 255:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an identity; pass 1 to 255 printable characters")
+    return text
+
+
 def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port; pass an integer from 1 to 65535")
@@ -72,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
         # Before anything initialises CUDA in this process: the driver reads it once, and the judge's sandboxed
         # child inherits it, so "device 0" everywhere below is GPU N.
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+        scan = scan_gpus()
+        if not scan.gpus:
+            # Asked for a GPU by name: serving only the CPU instead would leave that GPU's searches waiting.
+            raise UserError(
+                f"--gpu {args.gpu}: no GPU to serve: {scan.reason}; omit --gpu to run a worker for the CPU alone"
+            )
     # The GPU (or why there is none) is said once, by the worker's choice of targets (activities/worker.py).
     print(f"kf worker: CPU target {cpu_target()}", flush=True)
     port = args.metrics_port if args.metrics_port is not None else metrics_port()

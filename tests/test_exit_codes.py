@@ -262,6 +262,11 @@ BAD_INPUT = [
     ["evaluate", "--problem", "no_such_problem", "--source", "k.c"],
     ["db", "status", "--database-url", "mysql://db/kf"],
     ["worker", "--metrics-port", "0"],
+    ["worker", "--prefix", ""],
+    ["worker", "--prefix", "team/a"],
+    ["worker", "--identity", " "],
+    # A GPU asked for by a UUID no GPU has: a worker for the CPU alone would leave that GPU's searches waiting.
+    ["worker", "--gpu", "GPU-00000000-0000-0000-0000-000000000000"],
     ["no-such-command"],
 ]
 
