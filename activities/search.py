@@ -165,6 +165,7 @@ class SearchActivities:
     async def start_search(self, start: StartInput) -> StartOutput:
         """Check the problem exists, open the search's record, and load what a resumed search starts from."""
         problem = self._problem(start.spec.problem, start.spec.target)
+        await self._check_id_is_free(start)
         seed = Candidate.create(
             problem.seed_source(),
             start.spec.flags,
@@ -182,6 +183,15 @@ class SearchActivities:
                     UserError(
                         f"resume_from {resume_from!r}: no such search in the event log; "
                         "`kf search list` shows the search ids"
+                    )
+                )
+            earlier = history.started.payload.get("problem_name")
+            if earlier is not None and earlier != problem.name:
+                # Its incumbent is another problem's kernel: it would be timed as this one's seed.
+                raise non_retryable(
+                    UserError(
+                        f"resume_from {resume_from!r} is a search of {earlier!r}, not {problem.name!r}: resume "
+                        f"from a search of {problem.name!r} (`kf search list`), or start cold"
                     )
                 )
             output.seen = history.evaluated_ids
@@ -208,6 +218,7 @@ class SearchActivities:
                         "problem_name": problem.name,
                         "seed_candidate_id": seed_id,
                         "resumed_from": resume_from,
+                        "first_run_id": start.first_run_id,
                         "resumed_seen": len(output.seen),
                     },
                 ),
@@ -219,6 +230,24 @@ class SearchActivities:
             ],
         )
         return output
+
+    async def _check_id_is_free(self, start: StartInput) -> None:
+        """Refuse a search id the event log already holds for another search: Temporal refuses only the ids it
+        still holds, and once one passed its retention a new search under it would append to the old record (its
+        start is refused as a different fact; its messages were not). A retried start of this very search (the
+        same first run) passes."""
+        recorded = await recorded_payload(self.store, f"{start.search_id}/started")
+        if recorded is None:
+            return
+        if start.first_run_id is None or recorded.get("first_run_id") != start.first_run_id:
+            spec = recorded.get("spec") or {}
+            raise non_retryable(
+                UserError(
+                    f"search id {start.search_id!r} is taken: the event log holds an earlier search of "
+                    f"{spec.get('problem', '?')!r} under it (`kf audit {start.search_id}`); start this one under "
+                    "another id (--id), or none for a fresh one"
+                )
+            )
 
     async def _resume_point(self, start: StartInput) -> str | None:
         """The earlier search this one starts from: the spec's `resume_from`, with `resume_latest` the search

@@ -7,6 +7,7 @@ run in the harness's sandboxed child processes as in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -17,7 +18,10 @@ from typing import Any
 
 import pytest
 from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.service import RPCError
 
 from activities.search_client import list_searches, queried_status, search_status, status_from_log_alone
 from cli import exit_status
@@ -480,6 +484,32 @@ async def test_resume_from_starts_at_the_earlier_incumbent_and_skips_its_candida
         first_result = await first.result()
         second = await start(client, prefix, {**spec, "resume_from": first.id})
         await second.result()
+        # Another problem's incumbent is no seed: resuming from it is refused at once.
+        other = await start(client, prefix, {"problem": "softmax", "resume_from": first.id, **QUICK})
+        with pytest.raises(WorkflowFailureError) as refused:
+            await asyncio.wait_for(other.result(), timeout=60)
+        assert "is a search of 'copy', not 'softmax'" in str(refused.value.cause), refused.value.cause
+        # Once Temporal forgets the first search (its retention), its id is still the event log's: a new search
+        # under it is refused, and nothing of it -- not even a message sent before the refusal -- joins the record.
+        recorded = len(await store.read_stream(stream_of(first.id)))
+        await client.workflow_service.delete_workflow_execution(
+            DeleteWorkflowExecutionRequest(
+                namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=first.id)
+            )
+        )
+        for _ in range(100):
+            try:
+                await client.get_workflow_handle(first.id).describe()
+            except RPCError:
+                break
+            await asyncio.sleep(0.1)
+        again = await start(client, prefix, spec, search_id=first.id)
+        with contextlib.suppress(WorkflowUpdateFailedError, RPCError):
+            await again.execute_update("add_hint", "joins no record", result_type=SearchStatus)
+        with pytest.raises(WorkflowFailureError) as taken:
+            await asyncio.wait_for(again.result(), timeout=60)
+        assert f"search id {first.id!r} is taken" in str(taken.value.cause), taken.value.cause
+        assert len(await store.read_stream(stream_of(first.id))) == recorded
     assert first_result.incumbent is not None
     earlier = await load_search_history(store, first.id)
     later = await load_search_history(store, second.id)

@@ -113,6 +113,12 @@ FINAL_GENERATION_PATCH = "final-generation-attribute"
 STATE_KEY = "state"
 
 
+MESSAGE_UNFINISHED = workflow.HandlerUnfinishedPolicy.ABANDON
+"""A message (pause, hint, ...) still waiting for the search's record to open when the search fails to start is
+dropped, its sender told the search has ended: the workflow must not fail its own last task over it. A search that
+ends normally first waits for every handler (all_handlers_finished)."""
+
+
 @workflow.defn(name="KernelSearch")
 class KernelSearch:
     """Searches for a faster kernel for ``spec.problem`` on ``spec.target``."""
@@ -130,6 +136,9 @@ class KernelSearch:
         # What is under way now, for people: "propose" or "playoff" or a candidate id, to the step it is in.
         # Workflow code sets it, so a replay rebuilds it; it is never persisted.
         self._doing: dict[str, str] = {}
+        # Set once the search's record is open (search.started appended, or by an earlier run): a message that
+        # arrives before is recorded after it, never in a stream the start may yet refuse as another search's.
+        self._opened = False
 
     # -- entry -----------------------------------------------------------------------------------------
 
@@ -150,13 +159,16 @@ class KernelSearch:
                 # kept in the spec that search.started records: the search can be repeated exactly with it.
                 state.spec = spec = spec.model_copy(update={"seed": workflow.random().randint(0, MAX_SEED)})
             start = await self._control(
-                "kf.start_search", StartInput(search_id=state.search_id, spec=spec), StartOutput
+                "kf.start_search",
+                StartInput(search_id=state.search_id, spec=spec, first_run_id=workflow.info().first_execution_run_id),
+                StartOutput,
             )
             state.evaluated.extend(i for i in start.seen if i not in state.evaluated)
             self._seed = start.seed_candidate
             self._witness(start.head)
         else:
             self._seed = None
+        self._opened = True
         if state.target_queue is None:
             info = await self._resolve_target(spec)
             if info.cpus is not None and spec.threads > info.cpus:
@@ -903,7 +915,7 @@ class KernelSearch:
         order = ("compiling", "validating", "benchmarking")
         return " · ".join(f"{doing} {counts[doing]}" for doing in order if doing in counts)
 
-    @workflow.update
+    @workflow.update(unfinished_policy=MESSAGE_UNFINISHED)
     async def pause(self) -> SearchStatus:
         """Stop starting new work; what is running finishes."""
         self._require_state().paused = True
@@ -911,7 +923,7 @@ class KernelSearch:
         await self._record_message("paused", {})
         return self.status()
 
-    @workflow.update
+    @workflow.update(unfinished_policy=MESSAGE_UNFINISHED)
     async def resume(self) -> SearchStatus:
         """Undo a pause."""
         self._require_state().paused = False
@@ -919,7 +931,7 @@ class KernelSearch:
         await self._record_message("resumed", {})
         return self.status()
 
-    @workflow.update
+    @workflow.update(unfinished_policy=MESSAGE_UNFINISHED)
     async def stop(self) -> SearchStatus:
         """End gracefully: running candidates finish, the record is completed, nothing new starts."""
         self._require_state().stop_requested = True
@@ -927,7 +939,7 @@ class KernelSearch:
         await self._record_message("stop_requested", {})
         return self.status()
 
-    @workflow.update
+    @workflow.update(unfinished_policy=MESSAGE_UNFINISHED)
     async def add_hint(self, text: str) -> SearchStatus:
         """A human hint that proposers see from the next generation on."""
         self._require_state().spec.hints.append(text.strip())
@@ -940,7 +952,7 @@ class KernelSearch:
         # The same bounds as the spec's own hints: a hint the spec would refuse would fail continue-as-new.
         check_hint(text, len(self._require_state().spec.hints))
 
-    @workflow.update
+    @workflow.update(unfinished_policy=MESSAGE_UNFINISHED)
     async def extend_budget(self, budget: dict[str, Any]) -> SearchStatus:
         """Raise (or set) the budget's limits; fields left out keep their value."""
         state = self._require_state()
@@ -966,6 +978,8 @@ class KernelSearch:
                 )
 
     async def _record_message(self, kind: str, payload: dict[str, Any]) -> None:
+        if not self._opened:  # only then: a wait, even one that holds at once, would reorder the commands of replays
+            await workflow.wait_condition(lambda: self._opened)
         state = self._require_state()
         # Several messages of a kind may arrive; the update id keeps each one's key unique and stable.
         update_id = workflow.current_update_info()

@@ -37,6 +37,10 @@ class StartInput(BaseModel):
     """The search (workflow) id."""
     spec: SearchSpec
     """The validated spec."""
+    first_run_id: str | None = None
+    """The run id of the search's first workflow run (kept across continue-as-new and retries): recorded with
+    search.started, so that another search started later under the same id is told apart and refused. None from a
+    workflow that predates it."""
 
 
 class StartOutput(BaseModel):
