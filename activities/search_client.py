@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -26,7 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.temporal_client import connection_broke, query_timed_out
 from engine.evidence.store import EventStore
 from engine.search.console import static_details, summary
-from engine.search.history import load_search_history
+from engine.search.history import load_search_history, stream_of
 from engine.search.logged_status import logged_status
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
@@ -296,9 +297,79 @@ async def list_searches(client: Client, limit: int = 50) -> list[dict[str, Any]]
                 "generation": attrs.get(GENERATION_ATTR),
                 "best_speedup": attrs.get(BEST_SPEEDUP_ATTR),
                 "started": execution.start_time.isoformat() if execution.start_time else None,
+                "from_log": False,
             }
         )
     return rows
+
+
+LOG_LIST_TIMEOUT_S = 5.0
+"""How long `kf search list` waits for the event log to list the searches Temporal does not: the list is Temporal's
+first, and a database that does not answer must not hold it up."""
+
+
+async def logged_searches(database_url: str, limit: int, listed: set[str]) -> list[dict[str, Any]]:
+    """The newest searches the event log holds that are not in ``listed`` (Temporal's list: ones it no longer holds,
+    after its retention or on another Temporal server), as list_searches' rows, newest first: how each ended from its
+    ``search.finished`` event (``unknown`` without one), and ``from_log`` True."""
+    store = await EventStore.connect(database_url, min_size=1, max_size=1)
+    try:
+        rows = await store.pool.fetch(
+            "SELECT s.stream_id, s.payload->'spec' AS spec, s.recorded_at, f.payload AS finished "
+            "FROM events s LEFT JOIN events f ON f.stream_id = s.stream_id AND f.type = 'search.finished' "
+            "WHERE s.type = 'search.started' ORDER BY s.position DESC LIMIT $1",
+            limit + len(listed),
+        )
+    finally:
+        await store.close()
+    found = []
+    for row in rows:
+        search_id = str(row["stream_id"]).removeprefix(stream_of(""))
+        if search_id in listed:
+            continue
+        spec = _json_object(row["spec"])
+        finished = _json_object(row["finished"])
+        run = finished.get("generations_run")
+        found.append(
+            {
+                "search_id": search_id,
+                "status": str(finished.get("status") or "unknown"),
+                "problem": spec.get("problem"),
+                "target": spec.get("target"),
+                "generation": max(int(run) - 1, 0) if isinstance(run, int) else None,
+                "best_speedup": finished.get("best_speedup"),
+                "started": row["recorded_at"].isoformat(),
+                "from_log": True,
+            }
+        )
+    return found[:limit]
+
+
+async def held_by_temporal(client: Client, search_ids: list[str]) -> set[str]:
+    """Which of ``search_ids`` Temporal still holds: one visibility query for the ids its query language can quote,
+    a description for any other."""
+    plain = [i for i in search_ids if re.fullmatch(r"[A-Za-z0-9_.:@ -]+", i)]
+    held: set[str] = set()
+    if plain:
+        quoted = ", ".join(f"'{i}'" for i in plain)
+        query = f"WorkflowType = 'KernelSearch' AND WorkflowId IN ({quoted})"
+        held |= {execution.id async for execution in client.list_workflows(query)}
+    for search_id in (i for i in search_ids if i not in plain):
+        try:
+            await client.get_workflow_handle(search_id).describe()
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            continue
+        held.add(search_id)
+    return held
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """A jsonb column as a dict (asyncpg hands jsonb over as text unless a codec is set)."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
 
 
 async def how_it_ended(client: Client, search_id: str) -> str | None:

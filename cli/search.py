@@ -620,10 +620,30 @@ def run_list(args: argparse.Namespace) -> int:
         raise UserError(f"--limit {args.limit}: list 1 to {MAX_LISTED} searches")
 
     async def go() -> list[dict[str, Any]]:
-        from activities.search_client import list_searches
+        from activities.search_client import LOG_LIST_TIMEOUT_S, held_by_temporal, list_searches, logged_searches
         from activities.temporal_client import connect
 
-        return await list_searches(await connect(), limit=args.limit)
+        client = await connect()
+        rows = await list_searches(client, limit=args.limit)
+        # Then the searches Temporal no longer holds (its retention passed) from the event log, best effort: the
+        # list is Temporal's, and a log that does not answer only leaves them out, saying so.
+        try:
+            listed = {row["search_id"] for row in rows}
+            logged = await asyncio.wait_for(
+                logged_searches(database_url(), args.limit, listed), timeout=LOG_LIST_TIMEOUT_S
+            )
+            # Older searches Temporal still holds lie beyond its first rows: only the ones it does not are the log's.
+            held = await held_by_temporal(client, [row["search_id"] for row in logged])
+            logged = [row for row in logged if row["search_id"] not in held]
+        except Exception as error:  # not running, not configured, not answering: said, not fatal
+            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            print(
+                f"kf: the event log was not read ({reason}): searches Temporal no longer holds are not listed",
+                file=sys.stderr,
+            )
+            logged = []
+        merged = sorted(rows + logged, key=lambda row: row["started"] or "", reverse=True)
+        return merged[: args.limit]
 
     rows = asyncio.run(go())
     if args.json:
@@ -636,7 +656,10 @@ def run_list(args: argparse.Namespace) -> int:
         print(
             f"{row['search_id']:<36} {row['status']:<11} {row['problem'] or '-':<10} "
             f"{row['target'] or '-':<22} gen {row['generation'] if row['generation'] is not None else '-':<4} {best}"
+            + ("  (event log only)" if row["from_log"] else "")
         )
+    if any(row["from_log"] for row in rows):
+        print("(event log only: Temporal no longer holds the search; `kf search show ID` and `kf audit ID` read it)")
     return 0
 
 

@@ -474,15 +474,20 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
         except RPCError:
             break
         await asyncio.sleep(0.1)
-    shown, said, followed, unknown = await kf_many(
+    shown, said, followed, unknown, listed = await kf_many(
         [
             ["search", "show", handle.id, "--json"],
             ["search", "show", handle.id],
             ["search", "show", handle.id, "--wait"],
             ["search", "show", f"{handle.id}-never"],
+            ["search", "list", "--json"],
         ],
         env,
     )
+    # `kf search list` lists it too, from the log: Temporal's list no longer has it.
+    assert_status(listed, exit_status.OK)
+    row = next(r for r in json.loads(listed.out) if r["search_id"] == handle.id)
+    assert row["from_log"] is True and row["status"] == "unknown" and row["problem"] == COPY_PROBLEM, row
     for done in (shown, said, followed):
         assert_status(done, exit_status.FAILED)
     forgotten = json.loads(shown.out)
