@@ -4,6 +4,7 @@ The fixtures (``temporal_env``, ``client``, ``prefix``) live in conftest.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import uuid
@@ -11,7 +12,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 
 from activities.worker import build_workers
 from engine.evidence.store import EventStore
@@ -63,3 +67,20 @@ async def keep_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
     history = await handle.fetch_history()
     HISTORIES.mkdir(exist_ok=True)
     (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
+async def forget(client: Client, search_id: str) -> None:
+    """Delete the search's execution from Temporal, as its namespace's retention does once it has closed, and wait
+    until Temporal neither describes nor lists it (the deletion completes in the background, the list's store
+    later than the execution's)."""
+    execution = WorkflowExecution(workflow_id=search_id)
+    request = DeleteWorkflowExecutionRequest(namespace=client.namespace, workflow_execution=execution)
+    await client.workflow_service.delete_workflow_execution(request)
+    for _ in range(300):
+        try:
+            await client.get_workflow_handle(search_id).describe()
+        except RPCError:
+            if not [e async for e in client.list_workflows(f"WorkflowId = '{search_id}'")]:
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"Temporal still holds {search_id} 30 s after its deletion")

@@ -28,11 +28,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from search_fixtures import COPY_PROBLEM, QUICK, running_worker, start
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from search_fixtures import COPY_PROBLEM, QUICK, forget, running_worker, start
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities import search_client
@@ -463,17 +460,7 @@ async def test_a_terminated_search_is_shown_from_its_event_log_once_no_worker_an
 
     # Temporal forgets it (as its retention does, a day on the dev server): the log alone tells it, with no end
     # recorded (terminated), so exit 1 saying so; followed with --wait, the same; an id neither knows is bad input.
-    await client.workflow_service.delete_workflow_execution(
-        DeleteWorkflowExecutionRequest(
-            namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=handle.id)
-        )
-    )
-    for _ in range(100):
-        try:
-            await client.get_workflow_handle(handle.id).describe()
-        except RPCError:
-            break
-        await asyncio.sleep(0.1)
+    await forget(client, handle.id)
     shown, said, followed, unknown, listed = await kf_many(
         [
             ["search", "show", handle.id, "--json"],

@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from search_fixtures import COPY_PROBLEM, QUICK, keep_history, running_worker, start
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from search_fixtures import COPY_PROBLEM, QUICK, forget, keep_history, running_worker, start
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
@@ -492,17 +490,7 @@ async def test_resume_from_starts_at_the_earlier_incumbent_and_skips_its_candida
         # Once Temporal forgets the first search (its retention), its id is still the event log's: a new search
         # under it is refused, and nothing of it -- not even a message sent before the refusal -- joins the record.
         recorded = len(await store.read_stream(stream_of(first.id)))
-        await client.workflow_service.delete_workflow_execution(
-            DeleteWorkflowExecutionRequest(
-                namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=first.id)
-            )
-        )
-        for _ in range(100):
-            try:
-                await client.get_workflow_handle(first.id).describe()
-            except RPCError:
-                break
-            await asyncio.sleep(0.1)
+        await forget(client, first.id)
         again = await start(client, prefix, spec, search_id=first.id)
         with contextlib.suppress(WorkflowUpdateFailedError, RPCError):
             await again.execute_update("add_hint", "joins no record", result_type=SearchStatus)
