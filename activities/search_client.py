@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -27,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.temporal_client import connection_broke, query_timed_out
 from engine.evidence.store import EventStore
 from engine.search.console import static_details, summary
-from engine.search.history import load_search_history, stream_of
+from engine.search.history import SearchHistory, load_search_history, stream_of
 from engine.search.logged_status import logged_status
 from engine.search.spec import SearchSpec, control_queue
 from engine.search.state import SearchResult, SearchStatus
@@ -186,24 +185,25 @@ async def status_from_log(client: Client, database_url: str, search_id: str) -> 
     closed = _CLOSED.get(description.status)  # type: ignore[arg-type]
     if closed is None:
         return None
-    store = await EventStore.connect(database_url)
-    try:
-        history = await load_search_history(store, search_id)
-    finally:
-        await store.close()
+    history = await _logged_history(database_url, search_id)
     attributes = description.typed_search_attributes
     return logged_status(history, closed, problem=attributes.get(PROBLEM_ATTR), target=attributes.get(TARGET_ATTR))
+
+
+async def _logged_history(database_url: str, search_id: str) -> SearchHistory:
+    """The search's history as its event log tells it, through a store opened for the one read."""
+    store = await EventStore.connect(database_url)
+    try:
+        return await load_search_history(store, search_id)
+    finally:
+        await store.close()
 
 
 async def status_from_log_alone(database_url: str, search_id: str) -> SearchStatus | None:
     """The progress of a search Temporal does not hold (its history passed the namespace's retention, or it ran on
     another Temporal server), as the event log tells it: how it ended from its ``search.finished`` event, else
     ``unknown``. None when the log holds no event of it either."""
-    store = await EventStore.connect(database_url)
-    try:
-        history = await load_search_history(store, search_id)
-    finally:
-        await store.close()
+    history = await _logged_history(database_url, search_id)
     if not history.events:
         return None
     ended = history.finished.payload.get("status") if history.finished is not None else None
@@ -327,8 +327,9 @@ async def logged_searches(database_url: str, limit: int, listed: set[str]) -> li
         search_id = str(row["stream_id"]).removeprefix(stream_of(""))
         if search_id in listed:
             continue
-        spec = _json_object(row["spec"])
-        finished = _json_object(row["finished"])
+        # The store's connections decode jsonb into Python objects (engine/evidence/store.py).
+        spec: dict[str, Any] = row["spec"] or {}
+        finished: dict[str, Any] = row["finished"] or {}
         run = finished.get("generations_run")
         found.append(
             {
@@ -363,13 +364,6 @@ async def held_by_temporal(client: Client, search_ids: list[str]) -> set[str]:
             continue
         held.add(search_id)
     return held
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    """A jsonb column as a dict (asyncpg hands jsonb over as text unless a codec is set)."""
-    if isinstance(value, str):
-        value = json.loads(value)
-    return value if isinstance(value, dict) else {}
 
 
 async def how_it_ended(client: Client, search_id: str) -> str | None:
