@@ -479,7 +479,6 @@ async def follow(client: Client, search_id: str, as_json: bool) -> int:
 
 
 async def _follow_existing(search_id: str, as_json: bool) -> int:
-    from activities.search_client import status_from_log_alone
     from activities.temporal_client import connect, not_found, unreachable
 
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if not as_json else None
@@ -489,10 +488,10 @@ async def _follow_existing(search_id: str, as_json: bool) -> int:
     except Exception as error:
         # Nothing to follow in Temporal: a search it no longer holds is shown from its event log, as without --wait;
         # an id neither knows is bad input (cli.main says so).
-        alone = await status_from_log_alone(database_url(), search_id) if not_found(error) else None
-        if alone is None:
+        forgotten = await _forgotten(search_id) if not_found(error) else None
+        if forgotten is None:
             raise
-        return _show(alone, NO_END if alone.status == "unknown" else None, True, as_json)
+        return _show(*forgotten, True, as_json)
     return await follow(client, search_id, as_json)
 
 
@@ -632,9 +631,6 @@ def run_list(args: argparse.Namespace) -> int:
             logged = await asyncio.wait_for(
                 logged_searches(database_url(), args.limit, listed), timeout=LOG_LIST_TIMEOUT_S
             )
-            # Older searches Temporal still holds lie beyond its first rows: only the ones it does not are the log's.
-            held = await held_by_temporal(client, [row["search_id"] for row in logged])
-            logged = [row for row in logged if row["search_id"] not in held]
         except Exception as error:  # not running, not configured, not answering: said, not fatal
             reason = " ".join(str(error).split())[:200] or type(error).__name__
             print(
@@ -642,6 +638,9 @@ def run_list(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             logged = []
+        # Older searches Temporal still holds lie beyond its first rows: only the ones it does not are the log's.
+        held = await held_by_temporal(client, [row["search_id"] for row in logged])
+        logged = [row for row in logged if row["search_id"] not in held]
         merged = sorted(rows + logged, key=lambda row: row["started"] or "", reverse=True)
         return merged[: args.limit]
 
@@ -672,7 +671,6 @@ def run_show(args: argparse.Namespace) -> int:
             CLOSED_WITHOUT_RESULT,
             search_status,
             status_from_log,
-            status_from_log_alone,
             why_it_ended,
         )
         from activities.temporal_client import connect, no_worker, not_found
@@ -685,10 +683,10 @@ def run_show(args: argparse.Namespace) -> int:
             # gone: its event log tells it instead. A running search with no worker is still "no worker answers".
             # One Temporal no longer holds (its retention passed: a day on the dev server) is in the log too.
             if not_found(error):
-                alone = await status_from_log_alone(database_url(), args.search_id)
-                if alone is None:
+                forgotten = await _forgotten(args.search_id)
+                if forgotten is None:
                     raise
-                return alone, NO_END if alone.status == "unknown" else None, True
+                return *forgotten, True
             if not no_worker(error):
                 raise
             logged = await status_from_log(client, database_url(), args.search_id)
@@ -707,6 +705,17 @@ GONE = (
     "ran on another Temporal server)"
 )
 NO_END = "has no end in its event log: it failed, was terminated, or runs on another Temporal server"
+
+
+async def _forgotten(search_id: str) -> tuple[SearchStatus, str | None] | None:
+    """A search Temporal does not hold, from its event log alone, with how it ended without a recorded end (NO_END:
+    exit 1); None when the log does not hold it either."""
+    from activities.search_client import status_from_log_alone
+
+    alone = await status_from_log_alone(database_url(), search_id)
+    if alone is None:
+        return None
+    return alone, NO_END if alone.status == "unknown" else None
 
 
 def _show(status: SearchStatus, how: str | None, gone: bool, as_json: bool) -> int:
