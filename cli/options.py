@@ -8,6 +8,7 @@ comes from the same model (engine/input_errors.py), so neither can drift from th
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -84,3 +85,13 @@ def target(text: str) -> str:
     except ValidationError as error:
         reason = error.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
         raise argparse.ArgumentTypeError(reason) from None
+
+
+def queue_prefix(text: str) -> str:
+    """An argparse ``type`` for a task queue prefix, by a search's ``task_queue_prefix`` rule: a worker or a status on
+    a prefix no search can name would wait for (or report on) queues nothing ever uses."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a task queue prefix; use 1 to 64 letters, digits, '_', '.' or '-' (e.g. kf, team-a)"
+        )
+    return text

@@ -7,6 +7,7 @@ import asyncio
 import json
 from datetime import UTC, datetime
 
+from cli.options import queue_prefix
 from engine import services
 from engine.errors import ConfigurationError, ServiceUnavailable
 from engine.services import ServicesStatus, ServiceState, elsewhere
@@ -29,6 +30,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for name, handler, summary in commands:
         parser = subparsers.add_parser(name, help=summary, description=summary)
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        if name == "status":
+            parser.add_argument(
+                "--prefix",
+                type=queue_prefix,
+                default="kf",
+                help="list the workers of this task queue prefix, as `kf worker --prefix` and a search's name it "
+                "(default: kf)",
+            )
         parser.set_defaults(handler=handler)
 
 
@@ -49,7 +58,7 @@ def status(args: argparse.Namespace) -> int:
     if report.temporal.ok:
         # Who would run a search started now: not part of the exit status, which says whether the servers run.
         try:
-            report.workers = asyncio.run(asyncio.wait_for(_queue_workers(), WORKERS_TIMEOUT_S))
+            report.workers = asyncio.run(asyncio.wait_for(_queue_workers(args.prefix), WORKERS_TIMEOUT_S))
         except TimeoutError:
             report.workers_unknown = f"Temporal did not list the workers within {WORKERS_TIMEOUT_S:g} s"
         except (ServiceUnavailable, ConfigurationError, RuntimeError) as error:
@@ -58,9 +67,9 @@ def status(args: argparse.Namespace) -> int:
     return 0 if report.all_running else EXIT_NOT_RUNNING
 
 
-async def _queue_workers() -> list[QueueWorkers]:
-    """The pollers of the queues a search on this machine needs: the control queue's workflows, its targets'
-    steps (the generic ``kf-cpu`` and the ISA's own) and the build queue's CUDA compiles."""
+async def _queue_workers(prefix: str) -> list[QueueWorkers]:
+    """The pollers of the queues a search on this machine with ``prefix`` needs: the control queue's workflows, its
+    targets' steps (the generic ``kf-cpu`` and the ISA's own) and the build queue's CUDA compiles."""
     # Imported here: the Temporal client and the worker's modules take half a second to import, which `kf up`,
     # `kf down` and a `kf status` with Temporal stopped need not pay.
     from temporalio.api.enums.v1 import TaskQueueType
@@ -73,9 +82,9 @@ async def _queue_workers() -> list[QueueWorkers]:
     from engine.targets import cpu_target
 
     client = await connect()
-    queues = [(control_queue(), TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
+    queues = [(control_queue(prefix), TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
     targets = [cpu_target().split("-", 1)[0], *serveable_targets()]
-    for name in [*dict.fromkeys(target_queue("kf", target) for target in targets), build_queue()]:
+    for name in [*dict.fromkeys(target_queue(prefix, target) for target in targets), build_queue(prefix)]:
         queues.append((name, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
     found = []
     for name, kind in queues:
@@ -122,7 +131,9 @@ def _print_workers(queues: list[QueueWorkers]) -> None:
     from activities.search_client import LIVE_POLL  # only once Temporal runs: the import costs half a second
 
     if not any(queue.pollers for queue in queues):
-        print(f"{'Workers':<9} none polls {queues[0].task_queue}: a search waits for one; start one with `kf worker`")
+        prefix = queues[0].task_queue.removesuffix("-control")
+        start = "kf worker" if prefix == "kf" else f"kf worker --prefix {prefix}"
+        print(f"{'Workers':<9} none polls {queues[0].task_queue}: a search waits for one; start one with `{start}`")
         return
     now = datetime.now(UTC)
     width = max(len(queue.task_queue) for queue in queues)

@@ -6,12 +6,12 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 from collections.abc import Coroutine
 from typing import Any
 
 from cli import exit_status
+from cli.options import queue_prefix
 from engine.config import metrics_port
 from engine.connections import database_url
 from engine.errors import UserError
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
         "Stop with Ctrl-C (exit status 130) or SIGTERM (143).",
     )
     parser.add_argument(
-        "--prefix", type=_prefix, default="kf", help="task queue prefix: letters, digits, _ . - (default: kf)"
+        "--prefix", type=queue_prefix, default="kf", help="task queue prefix: letters, digits, _ . - (default: kf)"
     )
     parser.add_argument(
         "--gpu",
@@ -64,15 +64,6 @@ def register(subparsers: Any) -> None:
         help="address the metrics are served on; 0.0.0.0 for every interface",
     )
     parser.set_defaults(handler=run)
-
-
-def _prefix(text: str) -> str:
-    # The same rule as a search's task_queue_prefix: a worker on a prefix no search can name would wait forever.
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a task queue prefix; use 1 to 64 letters, digits, '_', '.' or '-' (e.g. kf, team-a)"
-        )
-    return text
 
 
 def _identity(text: str) -> str:

@@ -262,6 +262,7 @@ BAD_INPUT = [
     ["worker", "--prefix", ""],
     ["worker", "--prefix", "team/a"],
     ["worker", "--identity", " "],
+    ["status", "--prefix", "team a"],
     # A GPU asked for by a UUID no GPU has: a worker for the CPU alone would leave that GPU's searches waiting.
     ["worker", "--gpu", "GPU-00000000-0000-0000-0000-000000000000"],
     ["no-such-command"],

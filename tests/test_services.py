@@ -453,6 +453,12 @@ def test_a_background_worker_stops_on_a_signal_after_the_services_are_down(
         for name in ("kf-control", "kf-cpu", "kf-build"):
             assert any(identity.endswith(f":{worker.pid}") for identity in queues[name]["pollers"]), queues[name]
         assert queues["kf-control"]["kind"] == "workflow" and queues["kf-build"]["kind"] == "activity"
+        # Another prefix's queues are another set of searches': this worker polls none of them.
+        other = kf("status", "--prefix", "team-a")
+        assert other.returncode == 0, other.stderr
+        assert "none polls team-a-control: a search waits for one; start one with `kf worker --prefix team-a`" in (
+            other.stdout
+        )
         assert kf("down").returncode == 0
         worker.send_signal(signum)
         # A hang guard, not a timing check: before, an ignored SIGINT was never acted on.
