@@ -40,8 +40,9 @@ The common set (both stages):
 - signals and exit: ``rt_sigreturn``, ``rt_sigprocmask``, ``sigaltstack``, ``restart_syscall``, ``exit``,
   ``exit_group``; ``tgkill``/``tkill`` only aimed at this process and only with a crash's signal (SEGV, BUS, ILL,
   FPE, ABRT, TRAP, SYS: ``raise()``; the fatal-signal reporter
-  re-raises the signal it caught); ``rt_sigaction`` for every signal but ``SIGSYS`` (the interpreter
-  restores its ``SIGINT`` handler when it exits; the reporter's ``SIGSYS`` handler must stay in place);
+  re-raises the signal it caught); ``rt_sigaction`` setting a handler only for a crash's signals but ``SIGSYS``
+  (the reporter's must stay in place) and ``SIGINT`` (the interpreter restores its handler when it exits), and
+  reading any other's (a handler for ``SIGCONT``, which resumes the worker, ran candidate code outside its calls);
 - with ``threads > 1``: ``clone`` when its flags contain ``CLONE_THREAD`` (OpenMP's worker threads; a fork
   is refused). ``clone3`` always fails with ``ENOSYS`` -- its flags sit in a struct the filter cannot read
   -- and glibc then falls back to ``clone``, whose flags it can. With ``threads == 1`` there is no ``clone``.
@@ -245,6 +246,8 @@ _SELF_SIGNALS: tuple[int, ...] = tuple(
     )
 )
 """What a sandboxed kernel may send itself: the signals of a crash, which ``crash`` verdicts are made of."""
+_HANDLED: frozenset[int] = frozenset({*_SELF_SIGNALS, int(signal.SIGINT)} - {int(signal.SIGSYS)})
+"""The signals whose handler may be set under the filter (see _allow_signals)."""
 
 
 def _allow_signals(rules: _Rules, pid: int) -> None:
@@ -256,11 +259,17 @@ def _allow_signals(rules: _Rules, pid: int) -> None:
     for sent in _SELF_SIGNALS:
         rules.allow("tgkill", ps.Arg(0, ps.MASKED_EQ, _INT, pid), ps.Arg(2, ps.EQ, sent))
         rules.allow("tkill", ps.Arg(0, ps.MASKED_EQ, _INT, pid), ps.Arg(1, ps.EQ, sent))
-    # Every signal but SIGSYS, one by one: each comparison takes the whole register, so a value with its
-    # upper half set (which the kernel would truncate to SIGSYS) matches none of them.
+    # A handler for a crash's signals (which only the kernel's own faults raise, while it runs) and SIGINT (the
+    # interpreter restores its own when it exits); any other signal's action may only be read (a NULL new
+    # action). A handler for SIGCONT, which the parent sends to resume the worker before each command, ran the
+    # kernel's code outside any timed call, e.g. to put right the outputs of calls it skipped before a fetch.
+    # One signal at a time: each comparison takes the whole register, so a value with its upper half set
+    # (which the kernel would truncate to SIGSYS) matches none of them. SIGSYS's reporter must stay in place.
     for number in range(1, _MAX_SIGNAL + 1):
-        if number != signal.SIGSYS:
+        if number in _HANDLED:
             rules.allow("rt_sigaction", ps.Arg(0, ps.EQ, number))
+        elif number != signal.SIGSYS:
+            rules.allow("rt_sigaction", ps.Arg(0, ps.EQ, number), ps.Arg(1, ps.EQ, 0))
 
 
 def _allow_loading(rules: _Rules) -> None:
