@@ -128,6 +128,47 @@ def test_scribbling_on_the_harness_late_gains_nothing(cache: Path) -> None:
     assert report.verdict != Verdict.ok or report.ci_low < 1.05, report.model_dump_json(indent=1)
 
 
+@x86_64
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the kernel walks CPython 3.11's frames")
+def test_a_kernel_that_shortens_the_batch_loop_is_caught(cache: Path) -> None:
+    """A kernel that reached the worker's Python from C (dlsym found through libc's ELF symbols) and cut the
+    batch loop's range to a quarter read 4x faster than its loops are, every output it left correct. The parent
+    now checks each fetched output against the call it must be by its own count of the calls it asked for."""
+    problem = load_problem("softmax")
+    source = hostile_source("shortens_the_batch_loop.c")
+    artifact = compiled(source, cache)
+    assert validate_artifact(problem, artifact, seeds=SEEDS, cache_dir=cache).verdict == Verdict.ok
+    (report,) = benchmark_artifact(
+        problem,
+        artifact,
+        [Reference(kind="numpy", label="numpy")],
+        budget_s=BUDGET_S,
+        cache_dir=cache,
+        call_timeout_s=CALL_TIMEOUT_S,
+        noise_floor=0.02,
+    )
+    assert report.verdict == header(source)["expect"], report.model_dump_json(indent=1)
+    assert report.cases[0].check == "timed_output", report.cases
+    assert "not the calls it was asked to run" in report.message, report.message
+
+
+def test_the_judge_replays_the_calls_it_asked_for() -> None:
+    """What the parent works out of a call from its own count is what the worker's bookkeeping records: the
+    slots in turn, a use's drift step, and an element that changes from call to call."""
+    slots = 5
+    uses = [0] * slots
+    positions = set()
+    for call in range(4 * slots * p.BUMP_CYCLE):
+        slot, bump = p.timed_call_inputs(call, slots)
+        assert slot == call % slots and bump == uses[slot] % p.BUMP_CYCLE
+        uses[slot] += 1
+        position = p.drift_position(12345, call, 1000)
+        assert 0 <= position < 1000 and position == p.drift_position(12345, call, 1000)
+        positions.add(position)
+    assert len(positions) > 100  # not a few elements a kernel could watch
+    assert p.drift_position(1, 7, 1) == 0 and p.drift_position(2, 7, 10**6) != p.drift_position(3, 7, 10**6)
+
+
 def test_a_second_reply_nobody_asked_for_is_a_protocol_violation() -> None:
     read, write = os.pipe()
     try:

@@ -402,7 +402,7 @@ def benchmark_artifact(
                     raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
             cores.start()
-            rows, problem_seen = _time_shape(problem, timer, shape, distribution, call_timeout_s, kept)
+            rows, problem_seen = _time_shape(problem, timer, prepare, distribution, call_timeout_s, kept)
             cores.stop()
             del kept
             if problem_seen is not None:
@@ -543,14 +543,20 @@ def _input_pool(
             }
         )
     return p.PreparePools(
-        shape=shape, seeds=seeds, arrays=arrays, scalars=scalars, out_slots=out_slots, pool_bytes=offset
+        shape=shape,
+        seeds=seeds,
+        arrays=arrays,
+        scalars=scalars,
+        out_slots=out_slots,
+        pool_bytes=offset,
+        drift_key=_SECRET.getrandbits(63),
     )
 
 
 def _time_shape(
     problem: Problem,
     timer: _ShapeTimer,
-    shape: dict[str, int],
+    prepare: p.PreparePools,
     distribution: str,
     call_timeout_s: float,
     kept: dict[int, dict[str, Any]],
@@ -559,7 +565,7 @@ def _time_shape(
     random rounds and after the last: per-call times by round, and the first wrong output's evidence."""
     candidate = timer.contenders[0]
     checked_rounds = _checked_rounds()
-    fetched: list[tuple[p.Reply, bytearray]] = []
+    fetched: list[tuple[p.Reply, bytearray, TimedCall]] = []
 
     def after_candidate(round_index: int) -> None:
         # Only fetched here (the bytes leave the worker before more candidate code runs); judged after the
@@ -568,17 +574,40 @@ def _time_shape(
         if round_index >= 0 and not _is_checked(round_index, checked_rounds):
             return
         fetch = p.Fetch(back=0, kept=round_index >= 0)
-        fetched.append(candidate.request(fetch, timeout=call_timeout_s, what="fetching outputs"))
+        # Which call that is, by this process's count of the calls it asked for: the worker's own bookkeeping is
+        # in the kernel's reach, so the output is checked against the inputs of the call that must have made it.
+        call = candidate.kept_call if fetch.kept else candidate.calls_asked - 1
+        expected = _timed_call(problem, prepare, call)
+        fetched.append((*candidate.request(fetch, timeout=call_timeout_s, what="fetching outputs"), expected))
 
     timer.handshake()
     timer.warm_up()
     rows = timer.rounds(after_candidate)
     after_candidate(-1)  # the candidate's very last timed call, too
-    for reply, data in fetched:
-        evidence = check_timed_output(problem, shape, distribution, reply, data, kept)
+    for reply, data, expected in fetched:
+        evidence = check_timed_output(problem, prepare.shape, distribution, reply, data, kept, expected)
         if evidence is not None:
             return rows, evidence
     return rows, None
+
+
+class TimedCall(BaseModel):
+    """A timed call's inputs, as the judge works them out from the calls it asked for."""
+
+    call: int = Field(description="The call of the shape, from 0.")
+    seed: int = Field(description="The seed of the input slot it read.")
+    bump: int = Field(description="The drift step of that use (-1: no input drifts).")
+    position: int = Field(description="The element the drift changed.")
+
+
+def _timed_call(problem: Problem, prepare: p.PreparePools, call: int) -> TimedCall:
+    slot, bump = p.timed_call_inputs(call, len(prepare.seeds))
+    drifting = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
+    if drifting is None:
+        return TimedCall(call=call, seed=prepare.seeds[slot], bump=-1, position=0)
+    size = int(np.prod(drifting.dims(prepare.shape), dtype=np.int64))
+    position = p.drift_position(prepare.drift_key, call, size)
+    return TimedCall(call=call, seed=prepare.seeds[slot], bump=bump, position=position)
 
 
 def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
@@ -618,15 +647,34 @@ def check_timed_output(
     reply: BaseModel,
     data: bytearray,
     kept: dict[int, dict[str, Any]],
+    asked: TimedCall | None = None,
 ) -> CaseEvidence | None:
-    """The output of a timed candidate call, against the reference of the inputs it read (CPU and CUDA alike)."""
+    """The output of a timed candidate call, against the reference of the inputs it read (CPU and CUDA alike).
+
+    ``asked``: which call it must be and the inputs that call read, by the judge's own count (the CPU worker
+    runs in the kernel's process, so what it says of its calls is the kernel's to change). None trusts the
+    reply (the CUDA worker runs no candidate code on the host)."""
     if not isinstance(reply, p.Outputs) or reply.seed < 0:
         return CaseEvidence(
             phase="benchmark", check="timed_output", shape=shape, message="no timed candidate output came back"
         )
+    if asked is not None:
+        said = (reply.call, reply.seed, reply.bump, reply.position)
+        if said != (asked.call, asked.seed, asked.bump, asked.position):
+            return CaseEvidence(
+                phase="benchmark",
+                check="timed_output",
+                shape=shape,
+                message=(
+                    f"a timed output came back as call {reply.call} (input seed {reply.seed}, drift {reply.bump} at "
+                    f"element {reply.position}), but by the calls the judge asked for it is call {asked.call} "
+                    f"(seed {asked.seed}, drift {asked.bump} at element {asked.position}): the calls the "
+                    "harness counted in the kernel's process are not the calls it was asked to run"
+                ),
+            )
     generated = kept.get(reply.seed) or problem.make_inputs(shape, distribution, reply.seed)
     inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
-    bumped = next((q for q in problem.params if q.role != "out" and q.is_array and "float" in q.dtype), None)
+    bumped = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of one element (same float32 arithmetic; engine/harness/worker.py).
         flat = inputs[bumped.name].reshape(-1)

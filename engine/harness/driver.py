@@ -123,6 +123,11 @@ class Contender:
         # The most payload the reply now awaited may announce (see _reply_bytes), and the shape of the pools.
         self.reply_limit = 0
         self.prepared_shape: dict[str, int] | None = None
+        # This process's own count of the calls it asked for on the prepared pools, and which of them the last
+        # batch kept: what a fetched output must say it is (engine/harness/benchmarking.py check_timed_output),
+        # whatever the kernel's process keeps count of.
+        self.calls_asked = 0
+        self.kept_call = -1
         self._handle: SandboxProcess | None = None
         self.sandbox = Sandbox(threads=threads, isolation=isolation, cpus=cpus)
         self.dir = self.sandbox.dir
@@ -283,6 +288,7 @@ class Contender:
             return sum(_nbytes(q, command.shape) + 2 * command.guard for q in params if q.is_array)
         if isinstance(command, p.PreparePools):
             self.prepared_shape = dict(command.shape)
+            self.calls_asked, self.kept_call = 0, -1
         if isinstance(command, p.Fetch) and self.prepared_shape is not None:
             return sum(_nbytes(q, self.prepared_shape) for q in params if q.role in ("out", "inout"))
         return 0
@@ -328,6 +334,9 @@ class Contender:
             raise self._protocol(str(error)) from None
         if not isinstance(reply, p.Done) or reply.nonce != nonce:
             raise self._protocol(f"a batch was answered with {reply.kind} and another nonce")
+        if 0 <= keep < calls:
+            self.kept_call = self.calls_asked + keep
+        self.calls_asked += calls
         self._after(reply)
         return elapsed
 

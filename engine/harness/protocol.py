@@ -26,11 +26,39 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 # Benchmark inputs drift: use u of an input slot adds (u % BUMP_CYCLE + 1) * BUMP_STEP, in float32, to one
-# element of its first float input, drawn at random for each use (the previous use's element is restored first),
+# element of its first float input, a different one for each call (drift_position; the previous use's element is
+# restored first),
 # so no input repeats exactly and a kernel cannot know where it changed without reading all of it: one that
 # memoizes answers by buffer and recomputes only the part that can have changed finds nothing cheap to skip.
 BUMP_CYCLE = 8
 BUMP_STEP = 1 / 64
+_MASK64 = (1 << 64) - 1
+
+
+def drifts(role: str, dtype: str) -> bool:
+    """Whether a parameter can be the drifting input: the first array for which this holds (in the parameters'
+    order) drifts, on both sides of the pipe."""
+    return role in ("in", "inout") and dtype in ("float32", "float64")
+
+
+def drift_position(key: int, call: int, size: int) -> int:
+    """The element the drift of call ``call`` (from 0, counted over a shape's batches) changes, of ``size``.
+
+    A function of the call's index and the shape's key (PreparePools.drift_key) rather than a draw in the worker:
+    the parent replays it from its own count of the calls it asked for, so a fetched output whose bookkeeping
+    the kernel's process rewrote (a shortened batch loop, a stale kept copy) does not match. splitmix64's mix."""
+    z = (key + (call + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) % max(1, size)
+
+
+def timed_call_inputs(call: int, slots: int) -> tuple[int, int]:
+    """(input slot, drift step) of call ``call`` of a shape: the slots are used in turn from call 0, and use u
+    of a slot drifts by step u % BUMP_CYCLE."""
+    return call % slots, (call // slots) % BUMP_CYCLE
+
+
 # Exit statuses of the worker (the init reports them).
 EXIT_PROTOCOL = 5
 EXIT_WORKER_ERROR = 6
@@ -133,6 +161,7 @@ class PreparePools(BaseModel):
     out_slots: int = Field(description="Output slots; coprime with the input slots.")
     pool_bytes: int = Field(description="Every slot's arrays, concatenated, from the start of the pool file.")
     payload_bytes: int = Field(default=0, description="The same bytes, when there is no pool file.")
+    drift_key: int = Field(default=0, ge=0, description="Key of the drift's elements (drift_position).")
 
 
 class Go(BaseModel):
@@ -221,6 +250,7 @@ class Outputs(BaseModel):
     seed: int = Field(description="Seed of the input slot the call read.")
     bump: int = Field(description="Drift step of that use of the slot (-1: none).")
     position: int = Field(default=0, description="Flat index of the element the drift changed in that use.")
+    call: int = Field(default=-1, description="Which call of the shape it was, from 0 (-1: not counted).")
     arrays: list[ArraySpec] = Field(description="The output arrays in the payload.")
     payload_bytes: int = Field(description="Sum of the arrays' nbytes.")
 

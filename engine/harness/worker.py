@@ -27,7 +27,6 @@ import gc
 import importlib.util
 import mmap
 import os
-import random
 import sys
 import time
 import warnings
@@ -59,9 +58,6 @@ class Region:
         self.raw[g + self.nbytes :] = self.guard
 
 
-# Where each use's drift lands (see protocol.BUMP_CYCLE). Seeded from the system's randomness when the worker
-# starts, before the seccomp filter is in force and before any candidate code is loaded.
-_DRIFT = random.Random()
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int64": ctypes.c_int64, "int32": ctypes.c_int32}
 # Output pre-fills: quiet NaNs with different payloads, so a kernel that reads its output before writing it
 # (or leaves it alone) gives different bits on two identical calls.
@@ -389,19 +385,20 @@ class _Bench:
         ]
         # Where a batch's kept call's output is copied (Go.keep), and which call wrote it.
         self.spare = {q.name: _placed_empty(np, tuple(int(shape[d]) for d in q.shape), q.dtype, 0) for q in self.outs}
-        self.spare_wrote: tuple[int, int, int] = (-1, -1, 0)
+        self.spare_wrote: tuple[int, int, int, int] = (-1, -1, 0, -1)
         for slot in [*self.outputs, self.spare]:
             for array in slot.values():
                 _poison(np, array)
-        self.bumped = next((q.name for q in arrays if q.role != "out" and q.dtype.startswith("float")), None)
+        self.bumped = next((q.name for q in arrays if p.drifts(q.role, q.dtype)), None)
+        self.drift_key = command.drift_key
         self.drifting = [slot[self.bumped].reshape(-1) for slot in self.inputs] if self.bumped else []
         # Per input slot: the element the last use drifted, and its value before (restored at the next use).
         self.drifted = [(0, flat[0]) for flat in self.drifting]
         self.steps = [np.float32((k + 1) * p.BUMP_STEP) for k in range(p.BUMP_CYCLE)]
         self.uses = [0] * len(self.inputs)
         self.counter = 0
-        # (input slot, bump, drifted element) of the call that last wrote each output slot.
-        self.wrote: list[tuple[int, int, int]] = [(-1, -1, 0)] * len(self.outputs)
+        # (input slot, bump, drifted element, call) of the call that last wrote each output slot.
+        self.wrote: list[tuple[int, int, int, int]] = [(-1, -1, 0, -1)] * len(self.outputs)
         self.shape = shape
         # Each input slot's own scalars (a problem may draw them with its inputs, e.g. a random alpha): the
         # parent checks a fetched output against the slot's seed, scalars included.
@@ -415,10 +412,10 @@ class _Bench:
         gc.collect()
 
     def _call(self) -> None:
-        n_in, n_out = len(self.inputs), len(self.outputs)
-        i, q = self.counter % n_in, self.counter % n_out
+        call = self.counter
+        q = call % len(self.outputs)
+        i, bump = p.timed_call_inputs(call, len(self.inputs))
         self.counter += 1
-        bump = self.uses[i] % p.BUMP_CYCLE
         self.uses[i] += 1
         slot = self.inputs[i]
         position = 0
@@ -426,12 +423,12 @@ class _Bench:
             flat = self.drifting[i]
             last, before = self.drifted[i]
             flat[last] = before
-            position = _DRIFT.randrange(flat.size)
+            position = p.drift_position(self.drift_key, call, flat.size)
             before = flat[position]
             self.drifted[i] = (position, before)
             flat[position] = before + self.steps[bump]
         out = self.outputs[q]
-        self.wrote[q] = (i, bump if self.bumped else -1, position)
+        self.wrote[q] = (i, bump if self.bumped else -1, position, call)
         if self.numpy:
             assert self.baseline is not None
             # A slot's first use checks that the baseline leaves its inputs as it got them: one that changes
@@ -490,15 +487,16 @@ class _Bench:
 
     def fetch(self, command: p.Fetch) -> tuple[p.Outputs, list[memoryview]]:
         if command.kept:
-            (i, bump, position), arrays = self.spare_wrote, list(self.spare.items())
+            (i, bump, position, call), arrays = self.spare_wrote, list(self.spare.items())
         else:
             q = (self.counter - 1 - command.back) % len(self.outputs)
-            (i, bump, position), arrays = self.wrote[q], list(self.outputs[q].items())
+            (i, bump, position, call), arrays = self.wrote[q], list(self.outputs[q].items())
         specs = [p.ArraySpec(name=n, dtype=str(a.dtype), dims=list(a.shape), nbytes=a.nbytes) for n, a in arrays]
         outputs = p.Outputs(
             seed=self.seeds[i] if i >= 0 else -1,
             bump=bump,
             position=position,
+            call=call,
             arrays=specs,
             payload_bytes=sum(s.nbytes for s in specs),
         )
