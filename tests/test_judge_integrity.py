@@ -152,6 +152,33 @@ def test_a_kernel_that_shortens_the_batch_loop_is_caught(cache: Path) -> None:
     assert "not the calls it was asked to run" in report.message, report.message
 
 
+def test_a_kernel_that_reuses_work_across_calls_is_caught(cache: Path) -> None:
+    """A matmul that kept each input slot's inputs and answer and recomputed only the rows the drift changed
+    gave exact outputs 4x faster than its own loops (the rounds reuse every input slot). Timed on inputs no call
+    has read, it is as slow as it is; the same loops without the memo are timed as before."""
+    problem = load_problem("matmul")
+    source = (HOSTILE / "memoizes_changed_rows.c").read_text()
+    verdicts = {}
+    for label, text in (("memo", source), ("honest", "#define NOMEMO 1\n" + source)):
+        result = compile_source(problem, text, DEFAULT_FLAGS, cache_dir=cache)
+        assert result.artifact_id is not None, result.first_error
+        assert validate_artifact(problem, result.artifact_id, seeds=SEEDS, cache_dir=cache).verdict == Verdict.ok
+        (report,) = benchmark_artifact(
+            problem,
+            result.artifact_id,
+            [Reference(kind="numpy", label="numpy")],
+            budget_s=BUDGET_S,
+            cache_dir=cache,
+            call_timeout_s=CALL_TIMEOUT_S,
+            noise_floor=0.02,
+        )
+        verdicts[label] = report
+    memo, honest = verdicts["memo"], verdicts["honest"]
+    assert memo.verdict == header(source)["expect"], memo.model_dump_json(indent=1)
+    assert memo.cases[0].check == header(source)["check"] and "inputs no call had read" in memo.message
+    assert honest.verdict == Verdict.ok, honest.model_dump_json(indent=1)
+
+
 def test_the_judge_replays_the_calls_it_asked_for() -> None:
     """What the parent works out of a call from its own count is what the worker's bookkeeping records: the
     slots in turn, a use's drift step, and an element that changes from call to call."""

@@ -8,9 +8,9 @@ How a candidate is timed, in one place:
 2. per benchmark shape, each worker builds a pool of input sets from recorded seeds (bigger than the
    last-level cache where the memory cap allows, so calls read memory rather than a warm cache) and a pool
    of output buffers whose period is coprime with it (a kernel that skips work on a pointer it has seen
-   finds another input's answer in its output); each reuse of an input set changes one element, drawn at
-   random for that use, slightly, so no input repeats exactly and a kernel cannot know where it changed
-   without reading all of it;
+   finds another input's answer in its output); each reuse of an input set changes one element, another for
+   each call, slightly, so no input repeats exactly and a kernel cannot know where it changed without reading
+   all of it (reading is cheaper than computing for some kernels: step 7);
 3. the parent times batches of calls with its own monotonic clock, from the Go it writes to the Done it
    reads; a batch is sized from warm-up so that the pipe handshake (measured with empty batches) is well
    under 1% of it (``handshake_share`` in the report);
@@ -21,7 +21,12 @@ How a candidate is timed, in one place:
    and checks it against the reference computed from the same seed and drift, and the very last call's too (a
    kernel that is only wrong when timed, or skips the calls of a batch it guesses are never looked at, is
    caught: a fetch that could reach back only over the output slots never saw the head of a long batch);
-6. the candidate is validated again in the same process with every validation seed (a kernel that turns
+6. each fetched output is checked against the call it must be by this process's count of the calls it asked
+   for (the drift's element is a function of the call, protocol.drift_position): the worker keeps its own
+   count in the kernel's address space, where a kernel that cut its batch loop short rewrote it;
+7. the candidate is timed on inputs no call has read (_fresh_probe): a kernel that reused earlier calls' work
+   on the reused input slots is slower there by what it skipped, and its timing is ``impossible``;
+8. the candidate is validated again in the same process with every validation seed (a kernel that turns
    wrong after N calls is caught).
 
 The parent computes per-shape paired median ratios of per-call times and their weighted geometric mean
@@ -105,6 +110,12 @@ MAX_ROUNDS = 100_000
 RAMP_FACTOR = 8
 RAMP_HANDSHAKES = 10
 RAMP_TRUST = 2.0
+# The fresh-input probe (_fresh_probe): this many probes at most, each this many times slower than the rounds'
+# median and than its control batch for the kernel to be caught reusing work; none where a probe batch would last
+# under this many handshakes.
+FRESH_PROBES = 5
+FRESH_FACTOR = 2.0
+FRESH_MIN_HANDSHAKES = 5
 
 
 class Reference(BaseModel):
@@ -406,7 +417,9 @@ def benchmark_artifact(
             cores.stop()
             del kept
             if problem_seen is not None:
-                return failed(Verdict.incorrect, problem_seen)
+                # Reused work is a timing that cannot be trusted, as one under the roofline bound is.
+                reused = problem_seen.check == "fresh_inputs"
+                return failed(Verdict.impossible if reused else Verdict.incorrect, problem_seen)
             samples.append(rows)
             timed_ns += float(sum(timer.batch_ns))
             handshake_shares.append(timer.handshake_ns / max(float(np.median(timer.batch_ns)), 1.0))
@@ -588,7 +601,64 @@ def _time_shape(
         evidence = check_timed_output(problem, prepare.shape, distribution, reply, data, kept, expected)
         if evidence is not None:
             return rows, evidence
-    return rows, None
+    return rows, _fresh_probe(problem, timer, prepare, float(np.median(rows[:, 0])))
+
+
+def _fresh_probe(problem: Problem, timer: _ShapeTimer, prepare: p.PreparePools, timed_ns: float) -> CaseEvidence | None:
+    """The candidate timed on inputs no call has read (Refresh changes every float input element of the pool a
+    little, outside any timed call), one call per input slot, against its median per-call time in the rounds and
+    against the same inputs read again at once.
+
+    Why: the rounds reuse each input slot, drifting one element per use, and a kernel that keeps each slot's
+    inputs and answers (by pointer or by content) and recomputes only the rows that changed -- or updates its
+    last answer algebraically -- gives correct outputs at a fraction of the work (a matmul did so 4x faster than
+    its own loops). Real inputs never repeat, so that speed is nobody's. An honest kernel is as fast on the
+    refreshed pool (if anything warmer in the cache); one that reused work is slower by what it skipped.
+
+    A load spike can slow one batch as much, so the kernel passes as soon as one probe is within FRESH_FACTOR of
+    the rounds' median or of its control batch (the same refreshed inputs again, run right after, when the
+    machine is as loaded); it is caught only when each of FRESH_PROBES probes, each on a newly refreshed pool, is
+    over FRESH_FACTOR times slower than both. Skipped where no input is float32/float64, or where a probe batch
+    would last under FRESH_MIN_HANDSHAKES handshakes (too short to read)."""
+    if not any(q.is_array and q.role in ("in", "inout") and q.dtype in ("float32", "float64") for q in problem.params):
+        return None
+    candidate = timer.contenders[0]
+    calls = len(prepare.seeds)
+    if calls * timed_ns < FRESH_MIN_HANDSHAKES * timer.handshake_ns:
+        return None
+    timeout = timer.call_timeout_s + 20 * calls * timed_ns / 1e9
+
+    def per_call() -> float:
+        elapsed = candidate.timed_batch(calls, timeout, -1)
+        candidate.pause()
+        return max(elapsed - timer.handshake_ns, 1.0) / calls
+
+    probes: list[tuple[float, float]] = []
+    for _ in range(FRESH_PROBES):
+        refresh = p.Refresh(seed=_SECRET.getrandbits(63))
+        reply, _ = candidate.request(refresh, timeout=timer.call_timeout_s + 60, what="refreshing the input pool")
+        if isinstance(reply, p.Failure):
+            raise Failed(Verdict.harness_error, "memory", reply.message, who=candidate.label)
+        fresh = per_call()
+        if fresh <= FRESH_FACTOR * timed_ns:
+            return None
+        again = per_call()
+        if fresh <= FRESH_FACTOR * again:
+            return None
+        probes.append((fresh, again))
+    fresh, again = min(probes)
+    return CaseEvidence(
+        phase="benchmark",
+        check="fresh_inputs",
+        shape=prepare.shape,
+        message=(
+            f"{fresh / timed_ns:.1f}x slower on inputs no call had read ({fresh / 1e3:.3g} us per call, the best of "
+            f"{len(probes)} probes) than in the timed rounds ({timed_ns / 1e3:.3g} us, their median), and "
+            f"{fresh / again:.1f}x slower than on the same inputs read again right after ({again / 1e3:.3g} us): its "
+            "timed calls reused the work of earlier calls on inputs it had seen, which real inputs never allow; "
+            "compute each call's answer from its inputs"
+        ),
+    )
 
 
 class TimedCall(BaseModel):

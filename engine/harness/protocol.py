@@ -33,6 +33,9 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 BUMP_CYCLE = 8
 BUMP_STEP = 1 / 64
 _MASK64 = (1 << 64) - 1
+# Refresh's change of each element: small enough to keep the inputs' distribution (and out of denormals), dense
+# enough that no row, column or block of any input is one a call has read before.
+FRESH_STEP = 1 / 1024
 
 
 def drifts(role: str, dtype: str) -> bool:
@@ -177,6 +180,15 @@ class Go(BaseModel):
     )
 
 
+class Refresh(BaseModel):
+    """Change every element of the prepared pools' float inputs, each by a factor 1 - FRESH_STEP or 1 + FRESH_STEP
+    drawn from ``seed``, so the next calls read inputs no call has read (the fresh-input probe, benchmarking.py);
+    reply Prepared."""
+
+    kind: Literal["refresh"] = "refresh"
+    seed: int = Field(ge=0, description="Seed of the factors.")
+
+
 class Fetch(BaseModel):
     """Send the output of the call ``back`` calls before the last one (0: the last)."""
 
@@ -204,7 +216,9 @@ class Finish(BaseModel):
     kind: Literal["finish"] = "finish"
 
 
-Command = Annotated[Plan | Trial | PreparePools | Go | Fetch | Calibrate | Finish, Field(discriminator="kind")]
+Command = Annotated[
+    Plan | Trial | PreparePools | Go | Refresh | Fetch | Calibrate | Finish, Field(discriminator="kind")
+]
 
 # -------------------------------------------------------------------------------------- child -> parent
 

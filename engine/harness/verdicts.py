@@ -20,7 +20,8 @@ A verdict names what happened, from the candidate's point of view:
 - ``harness_error``: the judge itself failed (the sandbox could not start, the child reported nothing that
   the kernel can be shown to have caused): not the kernel's verdict, never counted or reused as one.
 - ``impossible``: measured faster than the roofline bound of this machine allows (bytes moved / measured
-  bandwidth, flops / measured peak, with a generous safety factor): the timing cannot be trusted.
+  bandwidth, flops / measured peak, with a generous safety factor), or much faster in the timed rounds than on
+  inputs no call had read (check ``fresh_inputs``: it reused earlier calls' work): the timing cannot be trusted.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class CaseEvidence(BaseModel):
     check: str = Field(
         description=(
             "What failed: output, guard_before, guard_after, input_modified, threads, processes, affinity, "
-            "signal, memory, timeout, exit, load, timed_output or harness."
+            "signal, memory, timeout, exit, load, timed_output, fresh_inputs or harness."
         )
     )
     shape: dict[str, int] = Field(default_factory=dict, description="Problem sizes of the trial.")

@@ -321,6 +321,9 @@ class Worker:
                 elif isinstance(command, p.Trial):
                     done, pieces = self.trial(command, payload)
                     p.write_message(self.replies, done, *pieces)
+                elif isinstance(command, p.Refresh):
+                    assert self.bench is not None, "Refresh before PreparePools"
+                    p.write_message(self.replies, self.bench.refresh(command))
                 elif isinstance(command, p.Fetch):
                     assert self.bench is not None, "Fetch before PreparePools"
                     outputs, pieces = self.bench.fetch(command)
@@ -484,6 +487,22 @@ class _Bench:
                     self.np.copyto(self.spare[name], array)
                 self.spare_wrote = self.wrote[q]
         return p.Done(nonce=go.nonce, child_ns=time.perf_counter_ns() - started)
+
+    def refresh(self, command: p.Refresh) -> p.Prepared:
+        """Every element of every float input of every slot changed a little (Refresh): outside any timed call."""
+        np = self.np
+        salt = command.seed
+        for slot in self.inputs:
+            for q in self.params:
+                if q.is_array and q.role in ("in", "inout") and q.dtype in ("float32", "float64"):
+                    flat = slot[q.name].reshape(-1)
+                    # Each element's direction, the top bit of a multiplicative hash of its index and the salt
+                    # (not numpy.random: its lazy imports would set off the tripwire on the worker's interpreter).
+                    salt = (salt + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
+                    mixed = (np.arange(flat.size, dtype=np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
+                    up = (mixed >> np.uint64(63)).astype(bool)
+                    flat *= np.where(up, flat.dtype.type(1 + p.FRESH_STEP), flat.dtype.type(1 - p.FRESH_STEP))
+        return p.Prepared(in_slots=len(self.inputs), out_slots=len(self.outputs))
 
     def fetch(self, command: p.Fetch) -> tuple[p.Outputs, list[memoryview]]:
         if command.kept:
