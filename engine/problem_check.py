@@ -348,6 +348,14 @@ def check_template(problem: Problem, cache_dir: Path | None, name: str = "templa
         return CheckResult(name=name, status="skipped", message=f"the problem declares no {declared}")
     sample = template_sample(problem, TEMPLATE_SAMPLE)
     allows = "cuda_template_allows()" if problem.backend == "cuda" else "template_allows()"
+    if not sample:
+        # A search of such a folder has only its seed to try: say so rather than pass a check of nothing.
+        return CheckResult(
+            name=name,
+            status="failed",
+            message=f"{problem.folder / 'problem.py'}: {allows} allows no setting of the {declared} space; let it "
+            "return True for the settings a search may try",
+        )
     for params in sample:
         wrong = _validated(problem, problem.render_template(params), f"the template setting {params}", cache_dir)
         if wrong:

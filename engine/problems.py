@@ -563,7 +563,8 @@ class Problem:
                     f"{where}: {key!r} is {value!r}; it must be a finite number {least} (the bytes any kernel "
                     "moves: each input read once, each output written once; the flops it must do)"
                 )
-            checked[key] = int(value)
+            # Rounded up: 0.5 bytes stored as int 0 was the no-bytes model refused above, and every timing passed.
+            checked[key] = math.ceil(float(value))
         return checked
 
     @property
@@ -655,9 +656,11 @@ def builtin_problems(backend: str | None = None) -> list[str]:
 
 
 def _problem_folder(text: str) -> Path | None:
-    """The folder holding ``problem.py`` that ``text`` names (a built-in name or a path), or None."""
+    """The folder holding ``problem.py`` that ``text`` names (a built-in name or a path), or None. Only a bare
+    name can be a built-in's: ``./softmax`` (a path) named the built-in softmax, not the folder the user meant."""
+    bare = re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", text) is not None
     folder = SUITE_DIR / text
-    if not (folder / "problem.py").is_file():
+    if not bare or not (folder / "problem.py").is_file():
         folder = Path(text).expanduser()
         if folder.is_file() and folder.name == "problem.py":
             folder = folder.parent
@@ -842,6 +845,13 @@ def _check_names_and_types(folder: Path, module: ProblemModule, backends: tuple[
         raise UserError(f"{where}: DISTRIBUTIONS is {module.DISTRIBUTIONS!r}; it must list distribution names")
     if not all(isinstance(s, dict) for s in module.VALIDATION_SHAPES):
         raise UserError(f"{where}: every VALIDATION_SHAPES entry must be a shape dict, e.g. {{'rows': 3, 'cols': 7}}")
+    deterministic = getattr(module, "DETERMINISTIC", True)
+    if not isinstance(deterministic, bool):
+        # bool() of it was taken: [] or 0 turned validation's identical-bits repeat off, "no" left it on.
+        raise UserError(
+            f"{where}: DETERMINISTIC is {deterministic!r}; it must be True or False (False: a correct kernel may "
+            "give different bits on identical inputs)"
+        )
     tolerances = module.TOLERANCES
     if not isinstance(tolerances, dict) or not all(isinstance(t, dict) for t in tolerances.values()):
         raise UserError(
@@ -851,11 +861,14 @@ def _check_names_and_types(folder: Path, module: ProblemModule, backends: tuple[
 
 def _parse_param(folder: Path, raw: dict[str, Any]) -> Param:
     where = f"{folder / 'problem.py'} PARAMS entry {raw!r}"
-    if raw.get("role") not in ROLES:
+    if not isinstance(raw.get("role"), str) or raw["role"] not in ROLES:
         raise UserError(f"{where}: role must be one of {ROLES}")
-    if raw.get("dtype") not in DTYPES:
+    if not isinstance(raw.get("dtype"), str) or raw["dtype"] not in DTYPES:
         raise UserError(f"{where}: dtype must be one of {sorted(DTYPES)}")
-    shape = tuple(raw.get("shape", ()))
+    given = raw.get("shape", ())
+    if not isinstance(given, list | tuple) or not all(isinstance(size, str) for size in given):
+        raise UserError(f"{where}: shape must be a list of size names, e.g. ['rows', 'cols'] (or [] for none)")
+    shape = tuple(given)
     if raw["role"] in ("in", "out", "inout") and not shape:
         raise UserError(f"{where}: an array parameter needs a shape, e.g. ['rows', 'cols']")
     return Param(name=str(raw["name"]), role=str(raw["role"]), dtype=str(raw["dtype"]), shape=shape)
@@ -1000,7 +1013,15 @@ def _check_inside(folder: Path, declaration: str, name: object) -> None:
     path, a worker on another machine gets the folder), and a name like '/etc/passwd' or '../other/seed.c'
     would make a kernel of whatever file sits there."""
     path = folder / str(name)
-    if not path.resolve().is_relative_to(folder.resolve()):
+    try:
+        resolved = path.resolve(strict=False)
+        resolved.is_file()  # a name too long for the file system fails here
+    except (OSError, ValueError, RuntimeError) as error:  # a NUL byte, a symlink loop, a name too long
+        raise UserError(
+            f"{folder / 'problem.py'}: {declaration} is {str(name)[:80]!r}, which is not a usable file name "
+            f"({error}); name a file in the problem's folder, e.g. seed.c"
+        ) from None
+    if not resolved.is_relative_to(folder.resolve()):
         raise UserError(
             f"{folder / 'problem.py'}: {declaration} is {str(name)!r}, which is outside {folder}; name a file in "
             "the problem's folder (copy it there)"

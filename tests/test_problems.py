@@ -398,6 +398,16 @@ def test_a_missing_scalar_is_named(tmp_path: Path) -> None:
             'TEMPLATE = "../elsewhere/template.c"',
             "TEMPLATE is '../elsewhere/template.c', which is outside",
         ),
+        # Names the file system cannot use were tracebacks (ValueError, OSError), blamed on problem.py.
+        ('TEMPLATE = "template.c"', 'SEED = "seed.c\\x00x"\nTEMPLATE = "template.c"', "not a usable file name"),
+        ('TEMPLATE = "template.c"', 'SEED = "s" * 300\nTEMPLATE = "template.c"', "not a usable file name"),
+        # PARAMS entries of the wrong types were tracebacks (a shape that is no list, a dtype that is a list).
+        ('"shape": ["n"]},\n    {"name": "y"', '"shape": 5},\n    {"name": "y"', "shape must be a list of size names"),
+        ('"shape": ["n"]},\n    {"name": "y"', '"shape": "n"},\n    {"name": "y"', "shape must be a list of size"),
+        ('"shape": ["n"]},\n    {"name": "y"', '"shape": [["n"]]},\n    {"name": "y"', "shape must be a list of"),
+        ('"role": "in", "dtype": "float32"', '"role": "in", "dtype": ["float32"]', "dtype must be one of"),
+        # bool() of it was taken: [] turned validation's identical-bits repeat off.
+        ('TEMPLATE = "template.c"', 'DETERMINISTIC = []\nTEMPLATE = "template.c"', "DETERMINISTIC is \\[\\]"),
     ],
 )
 def test_malformed_declarations_are_reported_with_the_fix(tmp_path: Path, old: str, new: str, message: str) -> None:
@@ -407,6 +417,25 @@ def test_malformed_declarations_are_reported_with_the_fix(tmp_path: Path, old: s
     (folder / "problem.py").write_text(source.replace(old, new))
     with pytest.raises(UserError, match=message):
         load_problem(folder)
+
+
+def test_a_roofline_of_half_a_byte_is_not_a_roofline_of_none(tmp_path: Path) -> None:
+    folder = _docs_example(tmp_path / "scale")
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(source + "\n\ndef roofline(shape):\n    return {'bytes': 0.5, 'flops': 0}\n")
+    # Stored as int(0.5) == 0, the no-bytes model that is refused, and every timing passed the bound.
+    assert load_problem(folder).roofline({"n": 7})["bytes"] == 1
+
+
+def test_a_path_to_a_folder_named_like_a_built_in_is_that_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _docs_example(tmp_path / "softmax")
+    monkeypatch.chdir(tmp_path)
+    # ./softmax named the built-in softmax: the user's folder was silently replaced by another problem.
+    assert load_problem("./softmax").name == "scale"
+    assert load_problem(str(tmp_path / "softmax")).name == "scale"
+    assert load_problem("softmax").name == "softmax"  # a bare name is the built-in's
 
 
 def test_the_judge_process_uses_one_blas_thread() -> None:

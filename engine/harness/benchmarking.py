@@ -437,7 +437,17 @@ def benchmark_artifact(
     except Failed as failure:
         if failure.who != "candidate":
             # A reference point failed: the machine's problem (or the incumbent's), never the candidate's verdict.
-            label = labels[int(failure.who[3:])] if failure.who.startswith("ref") else failure.who
+            index = int(failure.who[3:]) if failure.who.startswith("ref") else None
+            label = labels[index] if index is not None else failure.who
+            runs_problem_code = index is not None and references[index].kind == "numpy"
+            if runs_problem_code and failure.verdict == Verdict.crash:
+                # The numpy reference's worker runs problem.py's code and numpy, no kernel: when it crashes or
+                # exits (not killed from outside: that is harness_error), the problem's code did.
+                raise ProblemDefinitionError(
+                    f"{problem.folder / 'problem.py'}: the numpy reference, which runs make_inputs() and baseline() "
+                    f"in a process of its own, {failure.message}; fix baseline() (`kf problem check` runs it on every "
+                    "shape)"
+                ) from None
             if failure.check == "problem":
                 # The numpy reference ran problem.py's baseline, and it raised: bad input, stopping a search.
                 raise ProblemDefinitionError(

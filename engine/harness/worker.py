@@ -147,7 +147,17 @@ class Worker:
             spec = importlib.util.spec_from_file_location("kf_sandboxed_problem", self.dir / plan.problem_py)
             assert spec is not None and spec.loader is not None
             self.module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(self.module)
+            try:
+                spec.loader.exec_module(self.module)
+            except MemoryError:
+                raise
+            except Exception as error:
+                # problem.py alone is copied here: it imports numpy and the standard library only (a module or
+                # file next to it in its folder is not here, and would not be on another machine's worker).
+                raise ProblemCodeFailed(
+                    f"importing problem.py raised {error!r}; it may import numpy and the standard library only, "
+                    "and read no file of its folder"
+                ) from None
         if plan.warm_up is not None and self.module is not None:
             # Problem code (trusted) imports lazily, e.g. numpy.random on first use: do it while imports work.
             shape = plan.warm_up.shape
