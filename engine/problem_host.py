@@ -465,6 +465,11 @@ def serve() -> None:
     import importlib.util
 
     connection = socket.socket(fileno=int(sys.argv[1]))
+    from engine.harness.seccomp import SeccompUnavailable, fence_off_other_processes
+
+    # Before problem.py runs, and before the watch thread starts (the filter covers the threads there are).
+    with contextlib.suppress(SeccompUnavailable):  # without seccomp, as before: the user's own code
+        fence_off_other_processes()
     threading.Thread(target=_end_with_the_judge, args=(os.getppid(),), name="kf-judge-watch", daemon=True).start()
     module: Any = None
     while True:

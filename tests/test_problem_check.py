@@ -305,6 +305,23 @@ HOSTILE_FOLDERS = {
         "loads",
         "importing it ended the process that ran it with exit status 0",
     ),
+    # ... and it may signal no other process (signal 0 here: only asks whether the judge exists), nor move a
+    # process out of the group the judge kills when it stops it (engine/harness/seccomp.py).
+    "an import that signals the judge": (
+        {"problem_py": ("import numpy as np\n", "import numpy as np\nimport os\nos.kill(os.getppid(), 0)\n")},
+        "loads",
+        "failed to import: PermissionError",
+    ),
+    "an import that starts a process in a session of its own": (
+        {
+            "problem_py": (
+                "import numpy as np\n",
+                "import numpy as np\nimport subprocess\nsubprocess.run(['true'], start_new_session=True)\n",
+            )
+        },
+        "loads",
+        "failed to import: PermissionError",
+    ),
     "a reference that exits the process": (
         replaced("reference", "import os; os._exit(5)"),
         "baseline",

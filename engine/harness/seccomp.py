@@ -85,7 +85,7 @@ import termios
 from types import ModuleType
 from typing import Any, Literal
 
-__all__ = ["SeccompUnavailable", "confine", "syscall_name"]
+__all__ = ["SeccompUnavailable", "confine", "fence_off_other_processes", "syscall_name"]
 
 Stage = Literal["load", "run"]
 
@@ -321,6 +321,34 @@ class _Rules:
                 f"the kernel refused the seccomp filter ({error}); it needs Linux >= 3.17 with "
                 "CONFIG_SECCOMP_FILTER, and a container runtime whose own profile allows seccomp() and prctl()"
             ) from error
+
+
+def fence_off_other_processes() -> None:
+    """A filter for a process that runs a user's problem.py (engine/problem_host.py): every system call works,
+    but a signal may go only to this process, and
+    ptrace, process_vm_readv/writev, pidfd_send_signal, setsid and setpgid fail with EPERM.
+
+    problem.py runs as the user of the ``kf`` command that loaded it, which it could otherwise kill (it did:
+    ``os.kill(os.getppid(), SIGKILL)`` ended ``kf evaluate`` with no word), write into, or outlive by moving a
+    process of its own out of the group the judge kills when it stops the host. Refused, the call raises
+    (PermissionError) in problem.py, which reports it as the problem's error like any other."""
+    if _pyseccomp is None:
+        raise SeccompUnavailable(_missing)
+    ps = _pyseccomp
+    rules = _Rules(ps, ps.SyscallFilter(ps.ALLOW))
+    refuse = ps.ERRNO(errno.EPERM)
+    pid = os.getpid()
+    # Signals to this process only: another process, a group (a pid of 0 or below) or any value with upper bits
+    # set in the register (which the kernel would truncate) is refused. libseccomp takes one comparison per
+    # argument in a rule, so a signal to its own group cannot be allowed as well: nothing needs one.
+    rules.add(refuse, "kill", ps.Arg(0, ps.NE, pid))
+    rules.add(refuse, "tgkill", ps.Arg(0, ps.NE, pid))
+    rules.add(refuse, "rt_sigqueueinfo", ps.Arg(0, ps.NE, pid))
+    rules.add(refuse, "rt_tgsigqueueinfo", ps.Arg(0, ps.NE, pid))
+    rules.add(refuse, "tkill", ps.Arg(0, ps.NE, pid))
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_send_signal", "setsid", "setpgid"):
+        rules.add(refuse, name)
+    rules.install()
 
 
 def syscall_name(number: int, *, arch: int | None = None) -> str:
