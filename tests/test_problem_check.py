@@ -372,6 +372,13 @@ HOSTILE_FOLDERS = {
         "template",
         "problem.py: template_allows() allows no setting of the TEMPLATE space",
     ),
+    # A model no kernel can meet (numpy's own baseline beats it eightfold) is the problem's error: every kernel
+    # was `impossible` before.
+    "a roofline of far more bytes than any call moves": (
+        replaced("roofline", "return {'bytes': 10**15, 'flops': 0}"),
+        "seed_timing",
+        "gives 1000000000000000 bytes and 0 flops",
+    ),
     "a roofline that crashes the interpreter": (
         replaced("roofline", "import ctypes; ctypes.string_at(0)"),
         "roofline",

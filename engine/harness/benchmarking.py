@@ -835,6 +835,20 @@ def _reports(
         for (shape, _), median, bound, pool in zip(shapes, candidate_medians, bounds, pools, strict=True)
         if median * ROOFLINE_SAFETY < bound
     ]
+    for shape, _, bound, _ in impossible:
+        s = samples[[sh for sh, _ in shapes].index(shape)]
+        for j, reference in enumerate(references):
+            numpy_ns = float(np.median(s[:, j + 1]))
+            if reference.kind == "numpy" and numpy_ns * ROOFLINE_SAFETY < bound:
+                # problem.py's own baseline beats the bound as well: the model is wrong, not the kernel's timing.
+                model = problem.roofline(shape)
+                raise ProblemDefinitionError(
+                    f"{problem.folder / 'problem.py'}: roofline({shape}) gives {model['bytes']} bytes and "
+                    f"{model['flops']} flops, at least {bound:.0f} ns on this machine, but numpy's baseline took "
+                    f"{numpy_ns:.0f} ns: more than {ROOFLINE_SAFETY:g}x faster than the model allows, so no kernel "
+                    "could be judged; make roofline() count the bytes each call must move (each input read once, "
+                    "each output written once) and the flops it must do"
+                )
     reports = []
     for j, reference in enumerate(references):
         pairs = [(s[:, j + 1], s[:, 0]) for s in samples]
