@@ -111,11 +111,13 @@ RAMP_FACTOR = 8
 RAMP_HANDSHAKES = 10
 RAMP_TRUST = 2.0
 # The fresh-input probe (_fresh_probe): this many probes at most, each this many times slower than the rounds'
-# median and than its control batch for the kernel to be caught reusing work; none where a probe batch would last
-# under this many handshakes.
+# median for the kernel to be caught reusing work (unless the reference slowed down as much); none where a probe
+# batch would last under this many handshakes.
 FRESH_PROBES = 5
 FRESH_FACTOR = 2.0
 FRESH_MIN_HANDSHAKES = 5
+# ... and this many of each probe batch's outputs, drawn after it, are fetched and checked.
+FRESH_CHECKED = 2
 
 
 class Reference(BaseModel):
@@ -611,13 +613,24 @@ def _time_shape(
         evidence = check_timed_output(problem, prepare.shape, distribution, reply, data, kept, expected)
         if evidence is not None:
             return rows, evidence
-    return rows, _fresh_probe(problem, timer, prepare, float(np.median(rows[:, 0])))
+    probed: list[tuple[p.Reply, bytearray, TimedCall]] = []
+    reused = _fresh_probe(problem, timer, prepare, rows, probed)
+    for reply, data, expected in probed:  # a probe's outputs are checked too: a fast probe must be a right one
+        evidence = check_timed_output(problem, prepare.shape, distribution, reply, data, kept, expected)
+        if evidence is not None:
+            return rows, evidence
+    return rows, reused
 
 
-def _fresh_probe(problem: Problem, timer: _ShapeTimer, prepare: p.PreparePools, timed_ns: float) -> CaseEvidence | None:
+def _fresh_probe(
+    problem: Problem,
+    timer: _ShapeTimer,
+    prepare: p.PreparePools,
+    rows: np.ndarray,
+    fetched: list[tuple[p.Reply, bytearray, TimedCall]],
+) -> CaseEvidence | None:
     """The candidate timed on inputs no call has read (Refresh changes every float input element of the pool a
-    little, outside any timed call), one call per input slot, against its median per-call time in the rounds and
-    against the same inputs read again at once.
+    little, outside any timed call), one call per input slot, against its median per-call time in the rounds.
 
     Why: the rounds reuse each input slot, drifting one element per use, and a kernel that keeps each slot's
     inputs and answers (by pointer or by content) and recomputes only the rows that changed -- or updates its
@@ -625,69 +638,83 @@ def _fresh_probe(problem: Problem, timer: _ShapeTimer, prepare: p.PreparePools, 
     its own loops). Real inputs never repeat, so that speed is nobody's. An honest kernel is as fast on the
     refreshed pool (if anything warmer in the cache); one that reused work is slower by what it skipped.
 
-    A load spike can slow one batch as much, so the kernel passes as soon as one probe is within FRESH_FACTOR of
-    the rounds' median or of its control batch (the same refreshed inputs again, run right after, when the
-    machine is as loaded); it is caught only when each of FRESH_PROBES probes, each on a newly refreshed pool, is
-    over FRESH_FACTOR times slower than both. Skipped where no input is float32/float64, or where a probe batch
-    would last under FRESH_MIN_HANDSHAKES handshakes (too short to read)."""
-    if not any(q.is_array and q.role in ("in", "inout") and q.dtype in ("float32", "float64") for q in problem.params):
+    Each probe batch's calls write an output slot each (there is one more output slot than input slots), and
+    FRESH_CHECKED of them, drawn after the batch, are fetched into ``fetched`` for checking: a kernel that
+    skips the work on a probe it recognises is wrong there. The kernel passes as soon as a probe is within
+    FRESH_FACTOR of its rounds' median; when all FRESH_PROBES probes (each on a newly refreshed pool) are slower,
+    the first reference is probed the same way, and only a reference that kept its pace (the machine was not
+    merely slow) makes it a finding. Skipped where no input is float32/float64, or where a probe batch would
+    last under FRESH_MIN_HANDSHAKES handshakes (too short to read)."""
+    if not any(q.is_array and p.refreshes(q.role, q.dtype) for q in problem.params):
         return None
-    candidate = timer.contenders[0]
     calls = len(prepare.seeds)
+    timed_ns = float(np.median(rows[:, 0]))
     if calls * timed_ns < FRESH_MIN_HANDSHAKES * timer.handshake_ns:
         return None
-    timeout = timer.call_timeout_s + 20 * calls * timed_ns / 1e9
-
-    def per_call() -> float:
-        elapsed = candidate.timed_batch(calls, timeout, -1)
-        candidate.pause()
-        return max(elapsed - timer.handshake_ns, 1.0) / calls
-
-    probes: list[tuple[float, float]] = []
+    candidate = timer.contenders[0]
+    refreshed: list[int] = []
+    probes: list[float] = []
     for _ in range(FRESH_PROBES):
-        refresh = p.Refresh(seed=_SECRET.getrandbits(63))
-        reply, _ = candidate.request(refresh, timeout=timer.call_timeout_s + 60, what="refreshing the input pool")
-        if isinstance(reply, p.Failure):
-            raise Failed(Verdict.harness_error, "memory", reply.message, who=candidate.label)
-        fresh = per_call()
+        refreshed.append(_SECRET.getrandbits(63))
+        fresh = _refreshed_per_call(timer, candidate, calls, timed_ns, refreshed[-1])
+        for back in sorted(_SECRET.sample(range(calls), min(FRESH_CHECKED, calls))):
+            asked = _timed_call(problem, prepare, candidate.calls_asked - 1 - back, refreshed)
+            reply, data = candidate.request(p.Fetch(back=back), timeout=timer.call_timeout_s, what="fetching outputs")
+            fetched.append((reply, data, asked))
         if fresh <= FRESH_FACTOR * timed_ns:
             return None
-        again = per_call()
-        if fresh <= FRESH_FACTOR * again:
-            return None
-        probes.append((fresh, again))
-    fresh, again = min(probes)
+        probes.append(fresh)
+    fresh = min(probes)
+    control = ""
+    if len(timer.contenders) > 1:
+        reference = timer.contenders[1]
+        reference_ns = float(np.median(rows[:, 1]))
+        again = _refreshed_per_call(timer, reference, calls, reference_ns, _SECRET.getrandbits(63))
+        if again > FRESH_FACTOR * reference_ns:
+            return None  # the machine, not the kernel: the reference slowed down as much
+        control = f"; the reference was {again / reference_ns:.1f}x its own pace on inputs refreshed the same way"
     return CaseEvidence(
         phase="benchmark",
         check="fresh_inputs",
         shape=prepare.shape,
         message=(
             f"{fresh / timed_ns:.1f}x slower on inputs no call had read ({fresh / 1e3:.3g} us per call, the best of "
-            f"{len(probes)} probes) than in the timed rounds ({timed_ns / 1e3:.3g} us, their median), and "
-            f"{fresh / again:.1f}x slower than on the same inputs read again right after ({again / 1e3:.3g} us): its "
+            f"{len(probes)} probes) than in the timed rounds ({timed_ns / 1e3:.3g} us, their median){control}: its "
             "timed calls reused the work of earlier calls on inputs it had seen, which real inputs never allow; "
             "compute each call's answer from its inputs"
         ),
     )
 
 
+def _refreshed_per_call(timer: _ShapeTimer, contender: Contender, calls: int, per_call_ns: float, seed: int) -> float:
+    """Per-call nanoseconds of one batch of ``calls`` calls on ``contender``'s pool just refreshed with ``seed``."""
+    reply, _ = contender.request(p.Refresh(seed=seed), timeout=timer.call_timeout_s + 60, what="refreshing the inputs")
+    if isinstance(reply, p.Failure):
+        raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
+    elapsed = contender.timed_batch(calls, timer.call_timeout_s + 20 * calls * per_call_ns / 1e9, -1)
+    contender.pause()
+    return max(elapsed - timer.handshake_ns, 1.0) / calls
+
+
 class TimedCall(BaseModel):
     """A timed call's inputs, as the judge works them out from the calls it asked for."""
 
     call: int = Field(description="The call of the shape, from 0.")
+    slot: int = Field(description="The input slot it read.")
     seed: int = Field(description="The seed of the input slot it read.")
     bump: int = Field(description="The drift step of that use (-1: no input drifts).")
     position: int = Field(description="The element the drift changed.")
+    refreshes: list[int] = Field(default_factory=list, description="The Refresh seeds applied before it, in order.")
 
 
-def _timed_call(problem: Problem, prepare: p.PreparePools, call: int) -> TimedCall:
+def _timed_call(problem: Problem, prepare: p.PreparePools, call: int, refreshes: Sequence[int] = ()) -> TimedCall:
     slot, bump = p.timed_call_inputs(call, len(prepare.seeds))
+    known = {"call": call, "slot": slot, "seed": prepare.seeds[slot], "refreshes": list(refreshes)}
     drifting = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
     if drifting is None:
-        return TimedCall(call=call, seed=prepare.seeds[slot], bump=-1, position=0)
+        return TimedCall(**known, bump=-1, position=0)
     size = int(np.prod(drifting.dims(prepare.shape), dtype=np.int64))
-    position = p.drift_position(prepare.drift_key, call, size)
-    return TimedCall(call=call, seed=prepare.seeds[slot], bump=bump, position=position)
+    return TimedCall(**known, bump=bump, position=p.drift_position(prepare.drift_key, call, size))
 
 
 def _reference_failed(label: str, failure: Failed) -> CaseEvidence:
@@ -754,6 +781,12 @@ def check_timed_output(
             )
     generated = kept.get(reply.seed) or problem.make_inputs(shape, distribution, reply.seed)
     inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
+    if asked is not None and asked.refreshes:
+        # Replay the worker's refreshes of the pool (the fresh-input probe), in order, before the call's drift.
+        refreshed = [q.name for q in problem.params if q.is_array and p.refreshes(q.role, q.dtype)]
+        for seed in asked.refreshes:
+            for index, name in enumerate(refreshed):
+                p.refresh_array(np, inputs[name].reshape(-1), seed, asked.slot, index)
     bumped = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of one element (same float32 arithmetic; engine/harness/worker.py).

@@ -21,7 +21,7 @@ import select
 import struct
 import termios
 import time
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
@@ -36,6 +36,23 @@ _MASK64 = (1 << 64) - 1
 # Refresh's change of each element: small enough to keep the inputs' distribution (and out of denormals), dense
 # enough that no row, column or block of any input is one a call has read before.
 FRESH_STEP = 1 / 1024
+
+
+def refreshes(role: str, dtype: str) -> bool:
+    """Whether Refresh changes a parameter's arrays: every float32/float64 input (a bfloat16 one is left)."""
+    return role in ("in", "inout") and dtype in ("float32", "float64")
+
+
+def refresh_array(np: Any, flat: Any, seed: int, slot: int, index: int) -> None:
+    """Refresh ``seed``'s change of one flat array in place: input slot ``slot``, the ``index``-th refreshed
+    parameter. Each element is multiplied by 1 + FRESH_STEP or 1 - FRESH_STEP as the top bit of a multiplicative
+    hash of its index says; the worker applies it to its pool and the parent replays it on the inputs it checks
+    an output against (the same float arithmetic). ``np`` is numpy, passed in: this module imports none (and
+    numpy.random's lazy imports would set off the tripwire on the worker's interpreter)."""
+    salt = (seed + (slot * 1024 + index + 1) * 0x632BE59BD9B4E019) & _MASK64
+    mixed = (np.arange(flat.size, dtype=np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
+    up = (mixed >> np.uint64(63)).astype(bool)
+    flat *= np.where(up, flat.dtype.type(1 + FRESH_STEP), flat.dtype.type(1 - FRESH_STEP))
 
 
 def drifts(role: str, dtype: str) -> bool:
@@ -181,8 +198,8 @@ class Go(BaseModel):
 
 
 class Refresh(BaseModel):
-    """Change every element of the prepared pools' float inputs, each by a factor 1 - FRESH_STEP or 1 + FRESH_STEP
-    drawn from ``seed``, so the next calls read inputs no call has read (the fresh-input probe, benchmarking.py);
+    """Put back every slot's drifted element, then change every element of the prepared pools' float inputs
+    (refresh_array), so the next calls read inputs no call has read (the fresh-input probe, benchmarking.py);
     reply Prepared."""
 
     kind: Literal["refresh"] = "refresh"

@@ -499,19 +499,18 @@ class _Bench:
         return p.Done(nonce=go.nonce, child_ns=time.perf_counter_ns() - started)
 
     def refresh(self, command: p.Refresh) -> p.Prepared:
-        """Every element of every float input of every slot changed a little (Refresh): outside any timed call."""
-        np = self.np
-        salt = command.seed
-        for slot in self.inputs:
-            for q in self.params:
-                if q.is_array and q.role in ("in", "inout") and q.dtype in ("float32", "float64"):
-                    flat = slot[q.name].reshape(-1)
-                    # Each element's direction, the top bit of a multiplicative hash of its index and the salt
-                    # (not numpy.random: its lazy imports would set off the tripwire on the worker's interpreter).
-                    salt = (salt + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
-                    mixed = (np.arange(flat.size, dtype=np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
-                    up = (mixed >> np.uint64(63)).astype(bool)
-                    flat *= np.where(up, flat.dtype.type(1 + p.FRESH_STEP), flat.dtype.type(1 - p.FRESH_STEP))
+        """Every element of every float input of every slot changed a little (Refresh), outside any timed call.
+        Each slot's drifted element is put back first and the drift starts afresh, so the parent can replay a
+        slot's inputs as its generated ones with every refresh so far applied, then the call's drift."""
+        refreshed = [q.name for q in self.params if q.is_array and p.refreshes(q.role, q.dtype)]
+        for i, slot in enumerate(self.inputs):
+            if self.bumped:
+                last, before = self.drifted[i]
+                self.drifting[i][last] = before
+            for index, name in enumerate(refreshed):
+                p.refresh_array(self.np, slot[name].reshape(-1), command.seed, i, index)
+            if self.bumped:
+                self.drifted[i] = (0, self.drifting[i][0])
         return p.Prepared(in_slots=len(self.inputs), out_slots=len(self.outputs))
 
     def fetch(self, command: p.Fetch) -> tuple[p.Outputs, list[memoryview]]:
