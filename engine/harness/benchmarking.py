@@ -680,8 +680,8 @@ def _fresh_probe(
         message=(
             f"{fresh / timed_ns:.1f}x slower on inputs no call had read ({fresh / 1e3:.3g} us per call, the best of "
             f"{len(probes)} probes) than in the timed rounds ({timed_ns / 1e3:.3g} us, their median){control}: its "
-            "timed calls reused the work of earlier calls on inputs it had seen, which real inputs never allow; "
-            "compute each call's answer from its inputs"
+            "timed calls did less than their work, reusing that of earlier calls on inputs it had seen (or skipping "
+            "calls), which real inputs never allow; compute each call's answer from its inputs"
         ),
     )
 
