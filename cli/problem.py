@@ -39,6 +39,8 @@ def register(subparsers: Any) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     text = str(args.path)
+    if Path(text).name == "problem.py" and Path(text).is_file():
+        text = str(Path(text).parent)  # the folder's problem.py names the folder, as for `kf evaluate --problem`
     if ("/" in text or text.startswith(".")) and not Path(text).is_dir():
         raise UserError(
             f"PATH {text[:200]!r} is not a folder; pass a problem folder holding problem.py, or a built-in name"

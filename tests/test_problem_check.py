@@ -97,6 +97,9 @@ def test_a_loose_tolerance_lets_low_precision_through(tmp_path: Path, capsys: py
     assert kf(["problem", "check", str(folder), "--no-timing"]) == 1
     out = capsys.readouterr().out
     assert "FAILED  half_precision" in out and "tighten TOLERANCES" in out
+    # The folder's problem.py names the folder, as `kf evaluate --problem` takes it (it was "not a folder").
+    assert kf(["problem", "check", str(folder / "problem.py"), "--no-timing"]) == 1
+    assert "FAILED  half_precision" in capsys.readouterr().out
 
 
 def test_a_baseline_outside_its_tolerance_and_a_wrong_seed_are_named(tmp_path: Path) -> None:
