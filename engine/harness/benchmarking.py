@@ -411,6 +411,7 @@ def benchmark_artifact(
                     contender.wait_ready()
             for contender in contenders:
                 reply, _ = contender.request(prepare, timeout=call_timeout_s + 60, what="taking the input pool")
+                contender.pause()  # nothing of it runs while the others take theirs and are timed
                 if isinstance(reply, p.Failure):
                     raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
@@ -604,6 +605,9 @@ def _time_shape(
         call = candidate.kept_call if fetch.kept else candidate.calls_asked - 1
         expected = _timed_call(problem, prepare, call)
         fetched.append((*candidate.request(fetch, timeout=call_timeout_s, what="fetching outputs"), expected))
+        # Stopped again at once: a kernel that took the worker's interpreter over could otherwise run on the CPU
+        # while the next contender is timed (the fetch had resumed it).
+        candidate.pause()
 
     timer.handshake()
     timer.warm_up()
@@ -660,6 +664,7 @@ def _fresh_probe(
         for back in sorted(_SECRET.sample(range(calls), min(FRESH_CHECKED, calls))):
             asked = _timed_call(problem, prepare, candidate.calls_asked - 1 - back, refreshed)
             reply, data = candidate.request(p.Fetch(back=back), timeout=timer.call_timeout_s, what="fetching outputs")
+            candidate.pause()  # before the reference's control batch, as after a round's fetch
             fetched.append((reply, data, asked))
         if fresh <= FRESH_FACTOR * timed_ns:
             return None
@@ -689,6 +694,7 @@ def _fresh_probe(
 def _refreshed_per_call(timer: _ShapeTimer, contender: Contender, calls: int, per_call_ns: float, seed: int) -> float:
     """Per-call nanoseconds of one batch of ``calls`` calls on ``contender``'s pool just refreshed with ``seed``."""
     reply, _ = contender.request(p.Refresh(seed=seed), timeout=timer.call_timeout_s + 60, what="refreshing the inputs")
+    contender.pause()  # the batch resumes it
     if isinstance(reply, p.Failure):
         raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
     elapsed = contender.timed_batch(calls, timer.call_timeout_s + 20 * calls * per_call_ns / 1e9, -1)
