@@ -116,8 +116,10 @@ RAMP_TRUST = 2.0
 FRESH_PROBES = 5
 FRESH_FACTOR = 2.0
 FRESH_MIN_HANDSHAKES = 5
-# ... and this many of each probe batch's outputs, drawn after it, are fetched and checked.
+# ... and this many of each probe batch's outputs, drawn after it, are fetched and checked; a probe batch
+# reads as many input slots as last this long.
 FRESH_CHECKED = 2
+FRESH_BATCH_NS = 10_000_000
 
 
 class Reference(BaseModel):
@@ -634,7 +636,7 @@ def _fresh_probe(
     fetched: list[tuple[p.Reply, bytearray, TimedCall]],
 ) -> CaseEvidence | None:
     """The candidate timed on inputs no call has read (Refresh changes every float input element of the pool a
-    little, outside any timed call), one call per input slot, against its median per-call time in the rounds.
+    little, outside any timed call), one call per input slot read, against its median per-call time in the rounds.
 
     Why: the rounds reuse each input slot, drifting one element per use, and a kernel that keeps each slot's
     inputs and answers (by pointer or by content) and recomputes only the rows that changed -- or updates its
@@ -651,8 +653,10 @@ def _fresh_probe(
     last under FRESH_MIN_HANDSHAKES handshakes (too short to read)."""
     if not any(q.is_array and p.refreshes(q.role, q.dtype) for q in problem.params):
         return None
-    calls = len(prepare.seeds)
     timed_ns = float(np.median(rows[:, 0]))
+    # Every input slot is refreshed; a probe batch reads as many as last FRESH_BATCH_NS (a slow kernel's 64 slots
+    # took half a second a probe), at least two.
+    calls = min(len(prepare.seeds), max(2, math.ceil(FRESH_BATCH_NS / timed_ns)))
     if calls * timed_ns < FRESH_MIN_HANDSHAKES * timer.handshake_ns:
         return None
     candidate = timer.contenders[0]
@@ -706,7 +710,6 @@ class TimedCall(BaseModel):
     """A timed call's inputs, as the judge works them out from the calls it asked for."""
 
     call: int = Field(description="The call of the shape, from 0.")
-    slot: int = Field(description="The input slot it read.")
     seed: int = Field(description="The seed of the input slot it read.")
     bump: int = Field(description="The drift step of that use (-1: no input drifts).")
     position: int = Field(description="The element the drift changed.")
@@ -715,7 +718,7 @@ class TimedCall(BaseModel):
 
 def _timed_call(problem: Problem, prepare: p.PreparePools, call: int, refreshes: Sequence[int] = ()) -> TimedCall:
     slot, bump = p.timed_call_inputs(call, len(prepare.seeds))
-    known = {"call": call, "slot": slot, "seed": prepare.seeds[slot], "refreshes": list(refreshes)}
+    known = {"call": call, "seed": prepare.seeds[slot], "refreshes": list(refreshes)}
     drifting = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
     if drifting is None:
         return TimedCall(**known, bump=-1, position=0)
@@ -792,7 +795,8 @@ def check_timed_output(
         refreshed = [q.name for q in problem.params if q.is_array and p.refreshes(q.role, q.dtype)]
         for seed in asked.refreshes:
             for index, name in enumerate(refreshed):
-                p.refresh_array(np, inputs[name].reshape(-1), seed, asked.slot, index)
+                flat = inputs[name].reshape(-1)
+                flat *= p.refresh_factors(np, seed, index, flat.size, flat.dtype)
     bumped = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of one element (same float32 arithmetic; engine/harness/worker.py).

@@ -43,16 +43,17 @@ def refreshes(role: str, dtype: str) -> bool:
     return role in ("in", "inout") and dtype in ("float32", "float64")
 
 
-def refresh_array(np: Any, flat: Any, seed: int, slot: int, index: int) -> None:
-    """Refresh ``seed``'s change of one flat array in place: input slot ``slot``, the ``index``-th refreshed
-    parameter. Each element is multiplied by 1 + FRESH_STEP or 1 - FRESH_STEP as the top bit of a multiplicative
-    hash of its index says; the worker applies it to its pool and the parent replays it on the inputs it checks
-    an output against (the same float arithmetic). ``np`` is numpy, passed in: this module imports none (and
-    numpy.random's lazy imports would set off the tripwire on the worker's interpreter)."""
-    salt = (seed + (slot * 1024 + index + 1) * 0x632BE59BD9B4E019) & _MASK64
-    mixed = (np.arange(flat.size, dtype=np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
-    up = (mixed >> np.uint64(63)).astype(bool)
-    flat *= np.where(up, flat.dtype.type(1 + FRESH_STEP), flat.dtype.type(1 - FRESH_STEP))
+def refresh_factors(np: Any, seed: int, index: int, size: int, dtype: Any) -> Any:
+    """Refresh ``seed``'s factors for the ``index``-th refreshed parameter, ``size`` elements of ``dtype``: each
+    1 + FRESH_STEP or 1 - FRESH_STEP as the top bit of a multiplicative hash of the element's index says. Every
+    input slot's array of that parameter is multiplied by them (each slot's content was already its own, so
+    each becomes one no call has read); the worker applies them to its pool and the parent replays them on the
+    inputs it checks an output against (the same float arithmetic). ``np`` is numpy, passed in: this module
+    imports none (and numpy.random's lazy imports would set off the tripwire on the worker's interpreter)."""
+    salt = (seed + (index + 1) * 0x632BE59BD9B4E019) & _MASK64
+    mixed = (np.arange(size, dtype=np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
+    kind = np.dtype(dtype).type
+    return np.where(mixed >> np.uint64(63), kind(1 + FRESH_STEP), kind(1 - FRESH_STEP))
 
 
 def drifts(role: str, dtype: str) -> bool:

@@ -503,14 +503,17 @@ class _Bench:
         Each slot's drifted element is put back first and the drift starts afresh, so the parent can replay a
         slot's inputs as its generated ones with every refresh so far applied, then the call's drift."""
         refreshed = [q.name for q in self.params if q.is_array and p.refreshes(q.role, q.dtype)]
-        for i, slot in enumerate(self.inputs):
-            if self.bumped:
-                last, before = self.drifted[i]
+        if self.bumped:
+            for i, (last, before) in enumerate(self.drifted):
                 self.drifting[i][last] = before
-            for index, name in enumerate(refreshed):
-                p.refresh_array(self.np, slot[name].reshape(-1), command.seed, i, index)
-            if self.bumped:
-                self.drifted[i] = (0, self.drifting[i][0])
+        for index, name in enumerate(refreshed):
+            first = self.inputs[0][name]
+            factors = p.refresh_factors(self.np, command.seed, index, first.size, first.dtype)
+            for slot in self.inputs:
+                flat = slot[name].reshape(-1)
+                flat *= factors
+        if self.bumped:
+            self.drifted = [(0, flat[0]) for flat in self.drifting]
         return p.Prepared(in_slots=len(self.inputs), out_slots=len(self.outputs))
 
     def fetch(self, command: p.Fetch) -> tuple[p.Outputs, list[memoryview]]:
