@@ -651,7 +651,7 @@ def _fresh_probe(
     the first reference is probed the same way, and only a reference that kept its pace (the machine was not
     merely slow) makes it a finding. Skipped where no input is float32/float64, or where a probe batch would
     last under FRESH_MIN_HANDSHAKES handshakes (too short to read)."""
-    if not any(q.is_array and p.refreshes(q.role, q.dtype) for q in problem.params):
+    if not any(q.is_array and p.varies(q.role, q.dtype) for q in problem.params):
         return None
     timed_ns = float(np.median(rows[:, 0]))
     # Every input slot is refreshed; a probe batch reads as many as last FRESH_BATCH_NS (a slow kernel's 64 slots
@@ -719,7 +719,7 @@ class TimedCall(BaseModel):
 def _timed_call(problem: Problem, prepare: p.PreparePools, call: int, refreshes: Sequence[int] = ()) -> TimedCall:
     slot, bump = p.timed_call_inputs(call, len(prepare.seeds))
     known = {"call": call, "seed": prepare.seeds[slot], "refreshes": list(refreshes)}
-    drifting = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
+    drifting = next((q for q in problem.params if q.is_array and p.varies(q.role, q.dtype)), None)
     if drifting is None:
         return TimedCall(**known, bump=-1, position=0)
     size = int(np.prod(drifting.dims(prepare.shape), dtype=np.int64))
@@ -792,12 +792,12 @@ def check_timed_output(
     inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
     if asked is not None and asked.refreshes:
         # Replay the worker's refreshes of the pool (the fresh-input probe), in order, before the call's drift.
-        refreshed = [q.name for q in problem.params if q.is_array and p.refreshes(q.role, q.dtype)]
+        refreshed = [q.name for q in problem.params if q.is_array and p.varies(q.role, q.dtype)]
         for seed in asked.refreshes:
             for index, name in enumerate(refreshed):
                 flat = inputs[name].reshape(-1)
                 flat *= p.refresh_factors(np, seed, index, flat.size, flat.dtype)
-    bumped = next((q for q in problem.params if q.is_array and p.drifts(q.role, q.dtype)), None)
+    bumped = next((q for q in problem.params if q.is_array and p.varies(q.role, q.dtype)), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of one element (same float32 arithmetic; engine/harness/worker.py).
         flat = inputs[bumped.name].reshape(-1)

@@ -38,11 +38,6 @@ _MASK64 = (1 << 64) - 1
 FRESH_STEP = 1 / 1024
 
 
-def refreshes(role: str, dtype: str) -> bool:
-    """Whether Refresh changes a parameter's arrays: every float32/float64 input (a bfloat16 one is left)."""
-    return role in ("in", "inout") and dtype in ("float32", "float64")
-
-
 def refresh_factors(np: Any, seed: int, index: int, size: int, dtype: Any) -> Any:
     """Refresh ``seed``'s factors for the ``index``-th refreshed parameter, ``size`` elements of ``dtype``: each
     1 + FRESH_STEP or 1 - FRESH_STEP as the top bit of a multiplicative hash of the element's index says. Every
@@ -56,9 +51,9 @@ def refresh_factors(np: Any, seed: int, index: int, size: int, dtype: Any) -> An
     return np.where(mixed >> np.uint64(63), kind(1 + FRESH_STEP), kind(1 - FRESH_STEP))
 
 
-def drifts(role: str, dtype: str) -> bool:
-    """Whether a parameter can be the drifting input: the first array for which this holds (in the parameters'
-    order) drifts, on both sides of the pipe."""
+def varies(role: str, dtype: str) -> bool:
+    """Whether the judge varies a parameter's arrays between timed calls: every float32/float64 input (a
+    bfloat16 one is left as drawn). The first such array drifts (drift_position); Refresh changes them all."""
     return role in ("in", "inout") and dtype in ("float32", "float64")
 
 

@@ -402,7 +402,7 @@ class _Bench:
         for slot in [*self.outputs, self.spare]:
             for array in slot.values():
                 _poison(np, array)
-        self.bumped = next((q.name for q in arrays if p.drifts(q.role, q.dtype)), None)
+        self.bumped = next((q.name for q in arrays if p.varies(q.role, q.dtype)), None)
         self.drift_key = command.drift_key
         self.drifting = [slot[self.bumped].reshape(-1) for slot in self.inputs] if self.bumped else []
         # Per input slot: the element the last use drifted, and its value before (restored at the next use).
@@ -502,7 +502,7 @@ class _Bench:
         """Every element of every float input of every slot changed a little (Refresh), outside any timed call.
         Each slot's drifted element is put back first and the drift starts afresh, so the parent can replay a
         slot's inputs as its generated ones with every refresh so far applied, then the call's drift."""
-        refreshed = [q.name for q in self.params if q.is_array and p.refreshes(q.role, q.dtype)]
+        refreshed = [q.name for q in self.params if q.is_array and p.varies(q.role, q.dtype)]
         if self.bumped:
             for i, (last, before) in enumerate(self.drifted):
                 self.drifting[i][last] = before
