@@ -464,9 +464,9 @@ def serve() -> None:
     """The child's loop: import problem.py when told, then run calls until the socket closes."""
     import importlib.util
 
-    connection = socket.socket(fileno=int(sys.argv[1]))
     from engine.harness.seccomp import SeccompUnavailable, fence_off_other_processes
 
+    connection = socket.socket(fileno=int(sys.argv[1]))
     # Before problem.py runs, and before the watch thread starts (the filter covers the threads there are).
     with contextlib.suppress(SeccompUnavailable):  # without seccomp, as before: the user's own code
         fence_off_other_processes()

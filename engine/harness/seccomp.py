@@ -325,8 +325,8 @@ class _Rules:
 
 def fence_off_other_processes() -> None:
     """A filter for a process that runs a user's problem.py (engine/problem_host.py): every system call works,
-    but a signal may go only to this process, and
-    ptrace, process_vm_readv/writev, pidfd_send_signal, setsid and setpgid fail with EPERM.
+    but a signal may go only to this process, and ptrace, process_vm_readv/writev, pidfd_send_signal, setsid and
+    setpgid fail with EPERM.
 
     problem.py runs as the user of the ``kf`` command that loaded it, which it could otherwise kill (it did:
     ``os.kill(os.getppid(), SIGKILL)`` ended ``kf evaluate`` with no word), write into, or outlive by moving a
