@@ -360,27 +360,10 @@ HOSTILE_FOLDERS = {
         "seed_timing",
         "raised RuntimeError('only when timed'); fix baseline()",
     ),
-    # The numpy reference's worker runs only problem.py's code and numpy: its crash or exit is the problem's
-    # (it was a harness_error, exit status 3, naming no function).
-    "a baseline that exits the process only where timed": (
-        replaced(
-            "baseline",
-            "if args[1]['rows'] * args[1]['cols'] >= 2**19: __import__('os')._exit(0)\n    return _old_baseline(*args)",
-        ),
-        "seed_timing",
-        "the numpy reference, which runs make_inputs() and baseline() in a process of its own, the process exited",
-    ),
     "a template_allows that allows nothing": (
         replaced("template_allows", "return False"),
         "template",
         "problem.py: template_allows() allows no setting of the TEMPLATE space",
-    ),
-    # A model no kernel can meet (numpy's own baseline beats it eightfold) is the problem's error: every kernel
-    # was `impossible` before.
-    "a roofline of far more bytes than any call moves": (
-        replaced("roofline", "return {'bytes': 10**15, 'flops': 0}"),
-        "seed_timing",
-        "gives 1000000000000000 bytes and 0 flops",
     ),
     "a roofline that crashes the interpreter": (
         replaced("roofline", "import ctypes; ctypes.string_at(0)"),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.errors import UnknownProblemError, UserError
+from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
 from engine.harness.benchmarking import Reference, benchmark_artifact
 from engine.harness.cpu import DEFAULT_FLAGS, compile_source
 from engine.harness.verdicts import Verdict
@@ -417,6 +417,43 @@ def test_malformed_declarations_are_reported_with_the_fix(tmp_path: Path, old: s
     (folder / "problem.py").write_text(source.replace(old, new))
     with pytest.raises(UserError, match=message):
         load_problem(folder)
+
+
+@pytest.mark.parametrize(
+    ("function", "body", "message"),
+    [
+        # The numpy reference's worker runs only problem.py's code and numpy: its exit is the problem's (it was a
+        # harness_error, exit status 3, naming no function).
+        (
+            "baseline",
+            "if shape['n'] >= 1 << 18:\n        __import__('os')._exit(0)\n    return {'y': inputs['x'] * 2}",
+            "the numpy reference, which runs make_inputs() and baseline() in a process of its own, the process exited",
+        ),
+        # A model numpy's own baseline beats eightfold: every kernel was `impossible` before.
+        ("roofline", "return {'bytes': 10**15, 'flops': 0}", "gives 1000000000000000 bytes and 0 flops"),
+    ],
+    ids=["a baseline that exits where timed", "a roofline no baseline meets"],
+)
+def test_a_numpy_reference_the_problem_fails_is_the_problems_error(
+    tmp_path: Path, function: str, body: str, message: str
+) -> None:
+    folder = _docs_example(tmp_path / "scale")
+    arguments = "inputs, shape" if function == "baseline" else "shape"
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(f"{source}\n\ndef {function}({arguments}):\n    {body}\n")
+    problem = load_problem(folder)
+    compiled = compile_source(problem, (folder / "seed.c").read_text(), DEFAULT_FLAGS, cache_dir=tmp_path / "cache")
+    assert compiled.artifact_id is not None, compiled.first_error
+    with pytest.raises(ProblemDefinitionError, match=re.escape(message)):
+        benchmark_artifact(
+            problem,
+            compiled.artifact_id,
+            [Reference(kind="numpy", label="numpy")],
+            budget_s=0.2,
+            cache_dir=tmp_path / "cache",
+            revalidate=False,
+            noise_floor=0.02,
+        )
 
 
 def test_a_roofline_of_half_a_byte_is_not_a_roofline_of_none(tmp_path: Path) -> None:
