@@ -48,9 +48,11 @@ def header(source: str) -> dict[str, str]:
 
 
 def hostile_source(name: str) -> str:
-    """The file with raw.h pasted in (a candidate is one source file)."""
-    raw = (HOSTILE / "raw.h").read_text()
-    return (HOSTILE / name).read_text().replace('#include "raw.h"', raw)
+    """The file with raw.h and libc_symbol.h pasted in (a candidate is one source file)."""
+    source = (HOSTILE / name).read_text()
+    for header_file in ("raw.h", "libc_symbol.h"):
+        source = source.replace(f'#include "{header_file}"', (HOSTILE / header_file).read_text())
+    return source
 
 
 @pytest.fixture(scope="module")

@@ -12,31 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int same(const char *a, const char *b) {
-    while (*a && *a == *b) a++, b++;
-    return *a == *b;
-}
-
-static void *libc_symbol(const char *want) {
-    uintptr_t base = ((uintptr_t)(void *)&printf) & ~(uintptr_t)4095;
-    while (memcmp((const void *)base, ELFMAG, SELFMAG) != 0) base -= 4096;
-    const Elf64_Ehdr *header = (const Elf64_Ehdr *)base;
-    const Elf64_Phdr *segments = (const Elf64_Phdr *)(base + header->e_phoff);
-    const Elf64_Dyn *dynamic = 0;
-    for (int i = 0; i < header->e_phnum; i++)
-        if (segments[i].p_type == PT_DYNAMIC) dynamic = (const Elf64_Dyn *)(base + segments[i].p_vaddr);
-    if (!dynamic) return 0;
-    uintptr_t symbols = 0, names = 0;
-    for (; dynamic->d_tag != DT_NULL; dynamic++) {
-        if (dynamic->d_tag == DT_SYMTAB) symbols = dynamic->d_un.d_ptr;
-        if (dynamic->d_tag == DT_STRTAB) names = dynamic->d_un.d_ptr;
-    }
-    if (symbols < base) symbols += base;
-    if (names < base) names += base;
-    for (const Elf64_Sym *s = (const Elf64_Sym *)symbols; (uintptr_t)s < names; s++)
-        if (s->st_value && same((const char *)names + s->st_name, want)) return (void *)(base + s->st_value);
-    return 0;
-}
+#include "libc_symbol.h"
 
 static const char python[] = "import sys\nsys.modules['__main__'].__dict__['kf_owned'] = True\n";
 static int tried;
@@ -44,7 +20,7 @@ static int tried;
 void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
     if (!tried) {
         tried = 1;
-        void *(*lookup)(void *, const char *) = (void *(*)(void *, const char *))libc_symbol("dlsym");
+        void *(*lookup)(void *, const char *) = (void *(*)(void *, const char *))libc_symbol((const void *)&printf, "dlsym");
         if (lookup) {
             int (*ensure)(void) = (int (*)(void))lookup(0, "PyGILState_Ensure");
             void (*release)(int) = (void (*)(int))lookup(0, "PyGILState_Release");
