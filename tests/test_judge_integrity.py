@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
@@ -179,6 +180,66 @@ def test_a_kernel_that_reuses_work_across_calls_is_caught(cache: Path) -> None:
     assert memo.verdict == header(source)["expect"], memo.model_dump_json(indent=1)
     assert memo.cases[0].check == header(source)["check"] and "inputs no call had read" in memo.message
     assert honest.verdict == Verdict.ok, honest.model_dump_json(indent=1)
+
+
+def test_a_bfloat16_kernel_that_reuses_work_across_calls_is_caught(cache: Path) -> None:
+    """The same memo on a problem whose inputs are bfloat16 (a user's folder: tests/hostile/problems/matmul_bf16).
+    The judge left bfloat16 inputs as drawn (its drift and refresh changed float ones only), so every timed call
+    after a slot's first recomputed nothing: 12.4x numpy where its own loops make 0.68x, every output exact. Now
+    they drift and are refreshed like float ones (rounded back to bfloat16), and the probe finds the memo. The
+    loops without the memo are timed ok: the CPU worker takes bfloat16 arrays at all (it once failed on them, and
+    called that the seed's crash)."""
+    problem = load_problem(str(HOSTILE / "problems" / "matmul_bf16"))
+    source = (HOSTILE / "memoizes_bf16_rows.c").read_text()
+    reports = {}
+    for label, text in (("memo", source), ("honest", "#define NOMEMO 1\n" + source)):
+        result = compile_source(problem, text, DEFAULT_FLAGS, cache_dir=cache)
+        assert result.artifact_id is not None, result.first_error
+        assert validate_artifact(problem, result.artifact_id, seeds=SEEDS, cache_dir=cache).verdict == Verdict.ok
+        (reports[label],) = benchmark_artifact(
+            problem,
+            result.artifact_id,
+            [Reference(kind="numpy", label="numpy")],
+            budget_s=BUDGET_S,
+            cache_dir=cache,
+            call_timeout_s=CALL_TIMEOUT_S,
+            noise_floor=0.02,
+        )
+    memo, honest = reports["memo"], reports["honest"]
+    assert memo.verdict == header(source)["expect"], memo.model_dump_json(indent=1)
+    assert memo.cases[0].check == header(source)["check"] and "inputs no call had read" in memo.message
+    assert honest.verdict == Verdict.ok, honest.model_dump_json(indent=1)
+
+
+def test_bfloat16_inputs_drift_and_refresh_to_values_of_their_own() -> None:
+    """bfloat16 bits (uint16) change at every drift step and every refresh, by about the float drift's size, and
+    an infinity or NaN stays as it is: every use of a slot is an input of its own, as with float inputs. A second
+    refresh brings back neither the drawn pool nor the first refresh's (a shrink after a growth of 1/64 would
+    round back to the drawn value in bfloat16)."""
+    rng = np.random.default_rng(7)
+    values = (rng.standard_normal(4096) * 10.0 ** rng.integers(-3, 4, 4096)).astype(np.float32)
+    wide = values.view(np.uint32)
+    bits = ((wide + (0x7FFF + ((wide >> 16) & 1))) >> 16).astype(np.uint16)
+    special = np.array([0x7F80, 0xFF80, 0x7FC0, 0xFFC1], dtype=np.uint16)  # +-inf and NaNs
+    steps = p.drift_steps(np, bits.dtype)
+    for step in steps:
+        drifted = np.array([p.drift_value(b, step) for b in bits], dtype=np.uint16)
+        assert np.all(drifted != bits)
+        moved = np.abs(_from_bf16(drifted) - _from_bf16(bits))
+        assert np.all(moved <= np.maximum(2 * step, np.abs(_from_bf16(bits)) / 64))
+        assert [int(p.drift_value(b, step)) for b in special] == [int(b) for b in special]
+    pool = np.concatenate([bits, special])
+    refreshed = pool.copy()
+    p.apply_refresh(np, refreshed, p.refresh_factors(np, 99, 0, refreshed.size, refreshed.dtype))
+    assert np.all(refreshed[: bits.size] != bits) and np.array_equal(refreshed[bits.size :], special)
+    again = refreshed.copy()
+    p.apply_refresh(np, again, p.refresh_factors(np, 100, 0, again.size, again.dtype))
+    assert np.all(again[: bits.size] != bits) and np.all(again[: bits.size] != refreshed[: bits.size])
+    assert p.varies("in", "bfloat16") and not p.varies("in", "int32") and not p.varies("out", "bfloat16")
+
+
+def _from_bf16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
 
 
 def test_the_judge_replays_the_calls_it_asked_for() -> None:

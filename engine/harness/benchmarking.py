@@ -796,10 +796,10 @@ def check_timed_output(
         for seed in asked.refreshes:
             for index, name in enumerate(refreshed):
                 flat = inputs[name].reshape(-1)
-                flat *= p.refresh_factors(np, seed, index, flat.size, flat.dtype)
+                p.apply_refresh(np, flat, p.refresh_factors(np, seed, index, flat.size, flat.dtype))
     bumped = next((q for q in problem.params if q.is_array and p.varies(q.role, q.dtype)), None)
     if reply.bump >= 0 and bumped is not None:
-        # Replay the worker's drift of one element (same float32 arithmetic; engine/harness/worker.py).
+        # Replay the worker's drift of one element (the same arithmetic; engine/harness/worker.py).
         flat = inputs[bumped.name].reshape(-1)
         if not 0 <= reply.position < flat.size or reply.bump >= p.BUMP_CYCLE:
             return CaseEvidence(
@@ -808,7 +808,7 @@ def check_timed_output(
                 shape=shape,
                 message=f"a timed call's inputs came back unknown (drift {reply.bump} at element {reply.position})",
             )
-        flat[reply.position] = flat[reply.position] + np.float32((reply.bump + 1) * p.BUMP_STEP)
+        flat[reply.position] = p.drift_value(flat[reply.position], p.drift_steps(np, flat.dtype)[reply.bump])
     reference = problem.reference(inputs, shape)
     offset = 0
     got: dict[str, np.ndarray] = {}

@@ -30,31 +30,96 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 # restored first),
 # so no input repeats exactly and a kernel cannot know where it changed without reading all of it: one that
 # memoizes answers by buffer and recomputes only the part that can have changed finds nothing cheap to skip.
+# A bfloat16 input (its bits, uint16) drifts the same way, rounded back to bfloat16 (drift_value).
 BUMP_CYCLE = 8
 BUMP_STEP = 1 / 64
 _MASK64 = (1 << 64) - 1
 # Refresh's change of each element: small enough to keep the inputs' distribution (and out of denormals), dense
-# enough that no row, column or block of any input is one a call has read before.
+# enough that no row, column or block of any input is one a call has read before. A bfloat16 holds 8 bits of
+# precision, so a change of 1/1024 would round away, and a grown element shrunk by the next refresh would round
+# back to what it was: its elements only grow, by 1/128 or 2/128 (one to four of its steps; a few percent over a
+# probe's refreshes), so no refresh brings back a pool a call has read.
 FRESH_STEP = 1 / 1024
+BF16_FRESH_STEP = 1 / 128
+# A bfloat16's exponent bits: all set is an infinity or a NaN, which drift and refresh leave as they are.
+_BF16_EXPONENT = 0x7F80
+
+
+def _is_bf16(np: Any, dtype: Any) -> bool:
+    """Whether arrays of ``dtype`` hold bfloat16 bits: uint16 is that dtype's storage and no other's."""
+    return bool(np.dtype(dtype) == np.uint16)
 
 
 def refresh_factors(np: Any, seed: int, index: int, size: int, dtype: Any) -> Any:
     """Refresh ``seed``'s factors for the ``index``-th refreshed parameter, ``size`` elements of ``dtype``: each
-    1 + FRESH_STEP or 1 - FRESH_STEP as the top bit of a multiplicative hash of the element's index says. Every
-    input slot's array of that parameter is multiplied by them (each slot's content was already its own, so
-    each becomes one no call has read); the worker applies them to its pool and the parent replays them on the
-    inputs it checks an output against (the same float arithmetic). ``np`` is numpy, passed in: this module
-    imports none (and numpy.random's lazy imports would set off the tripwire on the worker's interpreter)."""
+    1 + FRESH_STEP or 1 - FRESH_STEP (for bfloat16 bits, float32 1 + BF16_FRESH_STEP or 1 + 2 * BF16_FRESH_STEP)
+    as the top bit of a multiplicative hash of the element's index says. Every input slot's array of that
+    parameter is changed by them (apply_refresh; each slot's content was already its own, so each becomes one no
+    call has read); the worker applies them to its pool and the parent replays them on the inputs it checks an
+    output against (the same arithmetic). ``np`` is numpy, passed in: this module imports none (and numpy.random's
+    lazy imports would set off the tripwire on the worker's interpreter)."""
     salt = (seed + (index + 1) * 0x632BE59BD9B4E019) & _MASK64
     mixed = (np.arange(size, dtype=np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
-    kind = np.dtype(dtype).type
-    return np.where(mixed >> np.uint64(63), kind(1 + FRESH_STEP), kind(1 - FRESH_STEP))
+    if _is_bf16(np, dtype):
+        more, less = np.float32(1 + 2 * BF16_FRESH_STEP), np.float32(1 + BF16_FRESH_STEP)
+    else:
+        kind = np.dtype(dtype).type
+        more, less = kind(1 + FRESH_STEP), kind(1 - FRESH_STEP)
+    return np.where(mixed >> np.uint64(63), more, less)
+
+
+def apply_refresh(np: Any, flat: Any, factors: Any) -> None:
+    """Multiply the flat array ``flat`` by ``factors`` (refresh_factors) in place: float elements directly, the
+    bits of bfloat16 ones widened to float32, multiplied and rounded back to the nearest bfloat16 (ties to even);
+    an infinity or NaN is left as it is."""
+    if not _is_bf16(np, flat.dtype):
+        flat *= factors
+        return
+    wide = (flat.astype(np.uint32) << np.uint32(16)).view(np.float32) * factors
+    bits = wide.view(np.uint32)
+    rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(
+        np.uint16
+    )
+    special = (flat & np.uint16(_BF16_EXPONENT)) == np.uint16(_BF16_EXPONENT)
+    flat[...] = np.where(special, flat, rounded)
+
+
+def drift_steps(np: Any, dtype: Any) -> list[Any]:
+    """What drift_value adds at each drift step to an element of ``dtype``: a float32 for float arrays (so
+    float64 ones drift in float64 by a float32 step), a Python float for bfloat16 bits."""
+    if _is_bf16(np, dtype):
+        return [(k + 1) * BUMP_STEP for k in range(BUMP_CYCLE)]
+    return [np.float32((k + 1) * BUMP_STEP) for k in range(BUMP_CYCLE)]
+
+
+def drift_value(before: Any, step: Any) -> Any:
+    """The drifted value of one element (a numpy scalar) by ``step`` (drift_steps): the worker's drift and the
+    parent's replay of it, the same arithmetic on both sides. bfloat16 bits: the value plus the step, rounded
+    to the nearest bfloat16 (ties to even); where that rounds back to the same value (a large element: its
+    steps are coarser than the drift), its last bit flips instead, so every use's input is one of its own. An
+    infinity or NaN stays as it is (a float one too: inf + step is inf)."""
+    if before.dtype.kind != "u":
+        return before + step
+    bits = int(before)
+    if bits & _BF16_EXPONENT == _BF16_EXPONENT:
+        return before
+    (value,) = struct.unpack("<f", struct.pack("<I", bits << 16))
+    (wide,) = struct.unpack("<I", struct.pack("<f", value + step))
+    rounded = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16) & 0xFFFF
+    return before.dtype.type(rounded if rounded != bits else bits ^ 1)
+
+
+def storage(dtype: str) -> str:
+    """The numpy dtype an element of the declared ``dtype`` is stored as: bfloat16 as its 16 bits (uint16; numpy
+    has no bfloat16), every other one as itself. The worker builds its arrays from declared dtypes with it."""
+    return "uint16" if dtype == "bfloat16" else dtype
 
 
 def varies(role: str, dtype: str) -> bool:
-    """Whether the judge varies a parameter's arrays between timed calls: every float32/float64 input (a
-    bfloat16 one is left as drawn). The first such array drifts (drift_position); Refresh changes them all."""
-    return role in ("in", "inout") and dtype in ("float32", "float64")
+    """Whether the judge varies a parameter's arrays between timed calls: every float32, float64 and bfloat16
+    input (integers are left as drawn: a changed index or count could be one the problem never allows). The
+    first such array drifts (drift_position); Refresh changes them all."""
+    return role in ("in", "inout") and dtype in ("float32", "float64", "bfloat16")
 
 
 def drift_position(key: int, call: int, size: int) -> int:

@@ -43,6 +43,7 @@ class Region:
     def __init__(self, np: Any, dims: tuple[int, ...], dtype: str, guard: Any, shift: int = 0) -> None:
         self.guard = guard
         g = len(guard)
+        dtype = p.storage(dtype)
         itemsize = np.dtype(dtype).itemsize
         self.nbytes = int(np.prod(dims, dtype=np.int64)) * itemsize
         total = g + self.nbytes + g
@@ -62,6 +63,8 @@ _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int64": ctype
 # Output pre-fills: quiet NaNs with different payloads, so a kernel that reads its output before writing it
 # (or leaves it alone) gives different bits on two identical calls.
 _POISON_BITS = {4: (0x7FC00000, 0x7FC0DEAD), 8: (0x7FF8000000000000, 0x7FF800000000BEEF)}
+# bfloat16 outputs (uint16, the only arrays stored so) are poisoned with its quiet NaNs, as on the GPU.
+_BF16_POISON_BITS = (0x7FC0, 0x7FDE)
 
 
 PAGE = mmap.PAGESIZE
@@ -88,12 +91,14 @@ def output_offsets(count: int) -> list[int]:
 def _placed_empty(np: Any, dims: tuple[int, ...], dtype: str, page_offset: int) -> Any:
     """An uninitialised array in an anonymous private mapping of its own, ``page_offset`` bytes into its first
     page: where it lies is this module's choice, never the allocator's."""
+    dtype = p.storage(dtype)
     nbytes = int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize
     mapping = mmap.mmap(-1, page_offset + max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(mapping, np.uint8, nbytes, page_offset).view(dtype).reshape(dims)
 
 
 def _aligned_empty(np: Any, dims: tuple[int, ...], dtype: str) -> Any:
+    dtype = p.storage(dtype)
     itemsize = np.dtype(dtype).itemsize
     nbytes = int(np.prod(dims, dtype=np.int64)) * itemsize
     buffer = np.empty(nbytes + 64, dtype=np.uint8)
@@ -106,6 +111,8 @@ def _poison(np: Any, array: Any, variant: int = 0) -> None:
     if array.dtype.kind == "f" and array.dtype.itemsize in _POISON_BITS:
         bits = _POISON_BITS[array.dtype.itemsize][variant % 2]
         array.view(f"u{array.dtype.itemsize}").fill(bits)
+    elif array.dtype == np.uint16:
+        array.fill(_BF16_POISON_BITS[variant % 2])
     else:
         array.view(np.uint8).fill(0xA5 if variant % 2 == 0 else 0x5A)
 
@@ -377,8 +384,9 @@ class _Bench:
             slot: dict[str, Any] = dict(scalars)  # numpy's baseline reads the scalars too
             for spec in specs:
                 if self.mapping is not None and spec.offset is not None:
-                    count = spec.nbytes // np.dtype(spec.dtype).itemsize
-                    array = np.frombuffer(self.mapping, spec.dtype, count, spec.offset).reshape(spec.dims)
+                    stored = p.storage(spec.dtype)
+                    count = spec.nbytes // np.dtype(stored).itemsize
+                    array = np.frombuffer(self.mapping, stored, count, spec.offset).reshape(spec.dims)
                 else:
                     array = _aligned_empty(np, tuple(spec.dims), spec.dtype)
                     array.reshape(-1).view(np.uint8)[...] = np.frombuffer(payload, np.uint8, spec.nbytes, offset)
@@ -407,7 +415,7 @@ class _Bench:
         self.drifting = [slot[self.bumped].reshape(-1) for slot in self.inputs] if self.bumped else []
         # Per input slot: the element the last use drifted, and its value before (restored at the next use).
         self.drifted = [(0, flat[0]) for flat in self.drifting]
-        self.steps = [np.float32((k + 1) * p.BUMP_STEP) for k in range(p.BUMP_CYCLE)]
+        self.steps = p.drift_steps(np, self.drifting[0].dtype) if self.drifting else []
         self.uses = [0] * len(self.inputs)
         self.counter = 0
         # (input slot, bump, drifted element, call) of the call that last wrote each output slot.
@@ -439,7 +447,7 @@ class _Bench:
             position = p.drift_position(self.drift_key, call, flat.size)
             before = flat[position]
             self.drifted[i] = (position, before)
-            flat[position] = before + self.steps[bump]
+            flat[position] = p.drift_value(before, self.steps[bump])
         out = self.outputs[q]
         self.wrote[q] = (i, bump if self.bumped else -1, position, call)
         if self.numpy:
@@ -510,8 +518,7 @@ class _Bench:
             first = self.inputs[0][name]
             factors = p.refresh_factors(self.np, command.seed, index, first.size, first.dtype)
             for slot in self.inputs:
-                flat = slot[name].reshape(-1)
-                flat *= factors
+                p.apply_refresh(self.np, slot[name].reshape(-1), factors)
         if self.bumped:
             self.drifted = [(0, flat[0]) for flat in self.drifting]
         return p.Prepared(in_slots=len(self.inputs), out_slots=len(self.outputs))
