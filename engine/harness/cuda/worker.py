@@ -434,11 +434,10 @@ class Bench:
         self.outs = [q for q in plan.params if q.role in ("out", "inout")]
         self.inputs: list[dict[str, int]] = []
         self.scalars = command.scalars
-        # The input one element of which drifts with every use of its set (as on the CPU: protocol.BUMP_STEP):
-        # the first float array that is not an output -- the one the parent replays the drift on to check a
-        # timed output (engine/harness/benchmarking.py check_timed_output). None drifts where that is bfloat16.
-        drifting = next((q for q in plan.params if q.role in ("in", "inout") and "float" in q.dtype), None)
-        self.bumped = drifting if drifting is not None and drifting.dtype in ("float32", "float64") else None
+        # The input one element of which drifts with every use of its set (as on the CPU: protocol.drift_value):
+        # the first float or bfloat16 array that is not an output -- the one the parent replays the drift on to
+        # check a timed output (engine/harness/benchmarking.py check_timed_output).
+        self.bumped = next((q for q in plan.params if q.is_array and p.varies(q.role, q.dtype)), None)
         # Per input set: the drifting array as uploaded (host copy), and the element the last use drifted.
         self.pristine: list[Any] = []
         self.drifted: list[int] = []
@@ -491,8 +490,8 @@ class Bench:
         last = self.drifted[slot]
         self.gpu.upload(address + last * itemsize, pristine[last : last + 1])
         position = self.drifted[slot] = _DRIFT.randrange(pristine.size)
-        # The same float32 arithmetic the parent replays (engine/harness/benchmarking.py check_timed_output).
-        value = np.asarray(pristine[position] + np.float32((step + 1) * p.BUMP_STEP), dtype=pristine.dtype)
+        # The same arithmetic the parent replays (engine/harness/benchmarking.py check_timed_output).
+        value = np.asarray(p.drift_value(pristine[position], p.drift_steps(np, pristine.dtype)[step]), pristine.dtype)
         self.gpu.upload(address + position * itemsize, value)
         return step, position
 
