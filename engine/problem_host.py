@@ -33,8 +33,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import logging
 import os
 import pickle
+import select
 import signal
 import socket
 import struct
@@ -312,6 +314,7 @@ class ProblemHost:
         limit = problem_reply_bytes()
         try:
             _send(self._socket, (number, message), deadline)
+            _wait_telling(self._socket, deadline, seconds, _what(message, self.folder / "problem.py"))
             data = _received(self._socket, deadline, limit)
         except TimeoutError:
             self._stop()
@@ -614,6 +617,43 @@ def _send(connection: socket.socket, message: Any, deadline: float | None) -> No
         _set_deadline(connection, deadline)
         sent = connection.send(view[:_CHUNK])
         view = view[sent:]
+
+
+# A call of problem.py that runs this long is said on the log (stderr for a `kf` command), and again every
+# SLOW_CALL_REPEAT_S: its deadline (KF_PROBLEM_CALL_S, five minutes by default) is long, and a hung import or
+# make_inputs used to keep `kf evaluate` silent until it passed.
+SLOW_CALL_NOTICE_S = 10.0
+SLOW_CALL_REPEAT_S = 30.0
+_log = logging.getLogger("kf.problem")
+
+
+def _what(message: tuple[Any, ...], path: Path) -> str:
+    """The request ``message`` to the host of ``path`` in words: "PATH make_inputs()", "the import of PATH"."""
+    if message[0] == "call":
+        return f"{path} {message[1]}()"
+    if message[0] == "map":
+        return f"{path} {message[1]}() over {len(message[2])} settings"
+    return f"the {message[0]} of {path}"
+
+
+def _wait_telling(connection: socket.socket, deadline: float, seconds: float, what: str) -> None:
+    """Wait until a reply can be read from ``connection`` or ``deadline`` passes, saying on the log, after
+    SLOW_CALL_NOTICE_S and every SLOW_CALL_REPEAT_S after, how long ``what`` has run and when it is given up."""
+    started = time.monotonic()
+    notice = started + SLOW_CALL_NOTICE_S
+    while True:
+        now = time.monotonic()
+        if now >= deadline or select.select([connection], [], [], max(0.0, min(deadline, notice) - now))[0]:
+            return
+        if time.monotonic() >= notice:
+            _log.warning(
+                "still waiting for %s: it has run %.0f s and is given up after %g s (KF_PROBLEM_CALL_S); look for "
+                "an endless loop or a wait in problem.py, or make the shape smaller",
+                what,
+                time.monotonic() - started,
+                seconds,
+            )
+            notice += SLOW_CALL_REPEAT_S
 
 
 def _received(connection: socket.socket, deadline: float | None, limit: int | None) -> bytes:

@@ -14,6 +14,7 @@ import psutil
 import pytest
 from test_problem_check import folder_like, replaced
 
+from engine import problem_host
 from engine.errors import ProblemDefinitionError, UserError
 from engine.problem_host import close_all
 from engine.problems import Problem, load_problem
@@ -80,6 +81,36 @@ def test_a_call_that_spins_past_its_deadline_gets_its_process_killed_and_the_nex
     (folder / "spin").unlink()
     assert set(problem.reference(inputs, shape)) == {"y"}
     assert host_pid(problem) != spinning.pid
+
+
+def test_a_slow_call_is_said_while_it_runs_and_still_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A problem.py call that runs long is said on the log while the judge waits (a hung make_inputs kept
+    `kf evaluate` silent for its whole five-minute deadline), again every repeat, and one that returns within its
+    deadline is still taken."""
+    folder = folder_like(
+        "l2norm",
+        tmp_path,
+        problem_py=(
+            "def reference(",
+            "def reference(*args: object) -> object:\n"
+            "    import time\n"
+            "    time.sleep(1.6)\n"
+            "    return _old_reference(*args)\n\n\ndef _old_reference(",
+        ),
+    )
+    monkeypatch.setattr(problem_host, "SLOW_CALL_NOTICE_S", 0.3)
+    monkeypatch.setattr(problem_host, "SLOW_CALL_REPEAT_S", 0.5)
+    problem = load_problem(str(folder))
+    shape = problem.validation_shapes[0]
+    inputs = problem.make_inputs(shape, "normal", 1)
+    with caplog.at_level("WARNING", logger="kf.problem"):
+        assert set(problem.reference(inputs, shape)) == {"y"}
+    said = [r.getMessage() for r in caplog.records if "reference()" in r.getMessage()]
+    assert len(said) >= 2, caplog.text
+    assert said[0].startswith(f"still waiting for {folder / 'problem.py'} reference(): it has run ")
+    assert "given up after 300 s (KF_PROBLEM_CALL_S)" in said[0]
 
 
 def test_a_problem_that_ends_its_process_or_returns_what_cannot_travel_is_the_problems_error(
