@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli import main as kf
-from engine.problem_check import check_problem
+from engine.problem_check import check_baseline, check_problem
 from engine.problems import load_problem
 
 
@@ -99,6 +99,21 @@ def test_a_loose_tolerance_lets_low_precision_through(tmp_path: Path, capsys: py
     assert found["benchmark_tolerance"] == "failed"
     assert found["baseline"] == found["seed"] == "ok"
     assert "tighten TOLERANCES" in checks["half_precision"]["message"]
+
+
+def test_an_exact_tolerance_passes_a_baseline_that_is_exact_and_fails_one_that_is_not(tmp_path: Path) -> None:
+    """atol = rtol = 0 (a copy, a gather): an exact baseline read 0/0 against its tolerance, NaN, and failed
+    the check ("off by infx the tolerance") though validation passes exact answers. One element off still fails."""
+    exact = Path(__file__).parent / "adversarial" / "problems" / "heavy_copy"
+    assert check_baseline(load_problem(str(exact))).status == "ok"
+    folder = tmp_path / "heavy_copy"
+    shutil.copytree(exact, folder)
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(
+        source.replace('return {"y": inputs["x"].copy()}', 'return {"y": inputs["x"] * 2}')
+    )
+    failed = check_baseline(load_problem(str(folder)))
+    assert failed.status == "failed" and "off by infx the tolerance" in failed.message
 
 
 def test_a_baseline_outside_its_tolerance_and_a_wrong_seed_are_named(tmp_path: Path) -> None:
