@@ -177,7 +177,9 @@ def check_low_precision(problem: Problem, precision: Literal["float16", "bfloat1
 
 
 def check_skipped_element(problem: Problem) -> CheckResult:
-    arrays = [p for p in problem.params if p.role in ("in", "inout") and p.dtype.startswith("float")]
+    # bfloat16 too: its zero is the bits 0, as float zero is, so the same element can be left out.
+    floats = ("float32", "float64", "bfloat16")
+    arrays = [p for p in problem.params if p.role in ("in", "inout") and p.dtype in floats]
     if not arrays:
         return CheckResult(name="skipped_element", status="skipped", message="no floating-point input array")
     for shape in problem.validation_shapes:

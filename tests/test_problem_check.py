@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli import main as kf
-from engine.problem_check import check_baseline, check_problem
+from engine.problem_check import check_baseline, check_problem, check_skipped_element
 from engine.problems import load_problem
 
 
@@ -114,6 +114,14 @@ def test_an_exact_tolerance_passes_a_baseline_that_is_exact_and_fails_one_that_i
     )
     failed = check_baseline(load_problem(str(folder)))
     assert failed.status == "failed" and "off by infx the tolerance" in failed.message
+
+
+def test_a_bfloat16_input_is_checked_for_a_skipped_element() -> None:
+    """A folder with bfloat16 inputs only: the check that a kernel leaving out an input's last element fails
+    validation was skipped ("no floating-point input array"); it zeroes a bfloat16 element as a float one."""
+    folder = Path(__file__).parent / "hostile" / "problems" / "matmul_bf16"
+    result = check_skipped_element(load_problem(str(folder)))
+    assert result.status == "ok" and "skipping the last element of a" in result.message, result
 
 
 def test_a_baseline_outside_its_tolerance_and_a_wrong_seed_are_named(tmp_path: Path) -> None:
