@@ -133,6 +133,10 @@ class Param:
     role: str
     dtype: str
     shape: tuple[str, ...] = ()
+    vary: bool = True
+    """Whether the judge may change this input a little between timed calls (PARAMS' "vary", default True): a
+    float or bfloat16 input's drift and the fresh-input probe's refresh. False for an input whose values a small
+    change can make invalid (sorted edges, probabilities below 1)."""
 
     @property
     def is_array(self) -> bool:
@@ -871,7 +875,13 @@ def _parse_param(folder: Path, raw: dict[str, Any]) -> Param:
     shape = tuple(given)
     if raw["role"] in ("in", "out", "inout") and not shape:
         raise UserError(f"{where}: an array parameter needs a shape, e.g. ['rows', 'cols']")
-    return Param(name=str(raw["name"]), role=str(raw["role"]), dtype=str(raw["dtype"]), shape=shape)
+    vary = raw.get("vary", True)
+    if not isinstance(vary, bool):
+        raise UserError(
+            f"{where}: vary must be True or False (False: the judge leaves this input as drawn between timed calls, "
+            "for values a small change could make invalid, e.g. sorted edges or probabilities)"
+        )
+    return Param(name=str(raw["name"]), role=str(raw["role"]), dtype=str(raw["dtype"]), shape=shape, vary=vary)
 
 
 def _check_declarations(folder: Path, module: ProblemModule, params: tuple[Param, ...]) -> None:

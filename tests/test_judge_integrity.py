@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import psutil
 import pytest
 
+from engine.errors import ProblemDefinitionError
 from engine.harness import protocol as p
 from engine.harness.benchmarking import Reference, benchmark_artifact
 from engine.harness.cpu import DEFAULT_FLAGS, artifact_path, compile_source
@@ -182,17 +184,26 @@ def test_a_kernel_that_reuses_work_across_calls_is_caught(cache: Path) -> None:
     assert honest.verdict == Verdict.ok, honest.model_dump_json(indent=1)
 
 
-def test_a_bfloat16_kernel_that_reuses_work_across_calls_is_caught(cache: Path) -> None:
-    """The same memo on a problem whose inputs are bfloat16 (a user's folder: tests/hostile/problems/matmul_bf16).
-    The judge left bfloat16 inputs as drawn (its drift and refresh changed float ones only), so every timed call
-    after a slot's first recomputed nothing: 12.4x numpy where its own loops make 0.68x, every output exact. Now
-    they drift and are refreshed like float ones (rounded back to bfloat16), and the probe finds the memo. The
-    loops without the memo are timed ok: the CPU worker takes bfloat16 arrays at all (it once failed on them, and
-    called that the seed's crash)."""
-    problem = load_problem(str(HOSTILE / "problems" / "matmul_bf16"))
-    source = (HOSTILE / "memoizes_bf16_rows.c").read_text()
+@pytest.mark.parametrize(
+    ("folder", "defines"),
+    [("matmul_bf16", ""), ("matmul_i32", "#define INT32_INPUTS 1\n")],
+    ids=["bfloat16 inputs", "integer inputs"],
+)
+def test_a_kernel_that_reuses_work_on_inputs_the_judge_did_not_vary_is_caught(
+    folder: str, defines: str, cache: Path
+) -> None:
+    """The same memo on problems whose inputs the judge left as drawn between timed calls (users' folders under
+    tests/hostile/problems), so every timed call after a slot's first recomputed nothing, every output exact:
+    on bfloat16 inputs 12.4x numpy where its own loops make 0.68x (the drift and the probe's refresh changed
+    float inputs only), on integer ones (which cannot be changed: an index could leave its range) the probe was
+    skipped. bfloat16 inputs now drift and are refreshed (rounded back to bfloat16); a problem with integer
+    inputs only is probed on new pools of secret seeds. The loops without the memo are timed ok (the CPU worker
+    takes bfloat16 arrays at all: it once failed on them, and called that the seed's crash)."""
+    problem = load_problem(str(HOSTILE / "problems" / folder))
+    kernel = (HOSTILE / "memoizes_unvaried_rows.c").read_text()
+    expect = header(kernel)
     reports = {}
-    for label, text in (("memo", source), ("honest", "#define NOMEMO 1\n" + source)):
+    for label, text in (("memo", defines + kernel), ("honest", "#define NOMEMO 1\n" + defines + kernel)):
         result = compile_source(problem, text, DEFAULT_FLAGS, cache_dir=cache)
         assert result.artifact_id is not None, result.first_error
         assert validate_artifact(problem, result.artifact_id, seeds=SEEDS, cache_dir=cache).verdict == Verdict.ok
@@ -200,15 +211,49 @@ def test_a_bfloat16_kernel_that_reuses_work_across_calls_is_caught(cache: Path) 
             problem,
             result.artifact_id,
             [Reference(kind="numpy", label="numpy")],
-            budget_s=BUDGET_S,
+            # A pool holds about a hundred input slots of this shape: the memo pays off once each slot is reused
+            # many times, which takes a longer budget than the other kernels here need.
+            budget_s=1.0,
             cache_dir=cache,
             call_timeout_s=CALL_TIMEOUT_S,
             noise_floor=0.02,
         )
     memo, honest = reports["memo"], reports["honest"]
-    assert memo.verdict == header(source)["expect"], memo.model_dump_json(indent=1)
-    assert memo.cases[0].check == header(source)["check"] and "inputs no call had read" in memo.message
+    assert memo.verdict == expect["expect"], memo.model_dump_json(indent=1)
+    assert memo.cases[0].check == expect["check"] and "inputs no call had read" in memo.message
     assert honest.verdict == Verdict.ok, honest.model_dump_json(indent=1)
+
+
+def _timed_seed(folder: Path, cache: Path) -> Any:
+    problem = load_problem(str(folder))
+    result = compile_source(problem, (folder / "seed.c").read_text(), DEFAULT_FLAGS, cache_dir=cache)
+    assert result.artifact_id is not None, result.first_error
+    (report,) = benchmark_artifact(
+        problem, result.artifact_id, [Reference(kind="numpy", label="numpy")], budget_s=BUDGET_S, cache_dir=cache
+    )
+    return report
+
+
+def test_an_input_a_small_change_makes_invalid_can_be_left_as_drawn(tmp_path: Path, cache: Path) -> None:
+    """The judge varies float inputs between timed calls; a folder marks the ones it must not touch "vary": False.
+    Sorted edges (tests/user_problems/bucketize) stay sorted, so a correct binary search is timed ok (refreshed,
+    they were unsorted and it was judged incorrect). Probabilities just under 1 (log1m) drifted past 1 gave the
+    reference a NaN, blamed on make_inputs: now the error names the judge's variation and the mark; with the
+    mark, the seed is timed ok."""
+    assert _timed_seed(ROOT / "tests" / "user_problems" / "bucketize", cache).verdict == Verdict.ok
+    folder = tmp_path / "log1m"
+    shutil.copytree(ROOT / "tests" / "user_problems" / "log1m", folder)
+    source = (folder / "problem.py").read_text().replace("rng.uniform(0.0, 0.99, n)", "rng.uniform(0.98, 0.99, n)")
+    (folder / "problem.py").write_text(source)
+    with pytest.raises(
+        ProblemDefinitionError, match=r"inputs the judge varied between timed calls \(p: .*'vary': False"
+    ):
+        _timed_seed(folder, cache)
+    marked = '{"name": "p", "role": "in", "dtype": "float32", "shape": ["n"], "vary": False}'
+    (folder / "problem.py").write_text(
+        source.replace('{"name": "p", "role": "in", "dtype": "float32", "shape": ["n"]}', marked)
+    )
+    assert _timed_seed(folder, cache).verdict == Verdict.ok
 
 
 def test_bfloat16_inputs_drift_and_refresh_to_values_of_their_own() -> None:
@@ -235,7 +280,11 @@ def test_bfloat16_inputs_drift_and_refresh_to_values_of_their_own() -> None:
     again = refreshed.copy()
     p.apply_refresh(np, again, p.refresh_factors(np, 100, 0, again.size, again.dtype))
     assert np.all(again[: bits.size] != bits) and np.all(again[: bits.size] != refreshed[: bits.size])
-    assert p.varies("in", "bfloat16") and not p.varies("in", "int32") and not p.varies("out", "bfloat16")
+    spec = p.ParamSpec(name="x", role="in", dtype="bfloat16")
+    assert p.varies(spec) and not p.varies(spec.model_copy(update={"vary": False}))
+    assert not p.varies(spec.model_copy(update={"dtype": "int32"})) and not p.varies(
+        spec.model_copy(update={"role": "out"})
+    )
 
 
 def _from_bf16(bits: np.ndarray) -> np.ndarray:

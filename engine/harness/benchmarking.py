@@ -44,7 +44,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -418,7 +418,8 @@ def benchmark_artifact(
                     raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
             timer = _ShapeTimer(contenders, int(budget_s * 1e9 * weight / total_weight), call_timeout_s, rng)
             cores.start()
-            rows, problem_seen = _time_shape(problem, timer, prepare, distribution, call_timeout_s, kept)
+            fresh_pool = functools.partial(_fresh_pool, problem, shape, distribution, len(seeds), n_out, shared, kept)
+            rows, problem_seen = _time_shape(problem, timer, prepare, distribution, call_timeout_s, kept, fresh_pool)
             cores.stop()
             del kept
             if problem_seen is not None:
@@ -540,18 +541,18 @@ def _input_pool(
     out_slots: int,
     shared: SharedPool,
     kept: dict[int, dict[str, Any]],
-    definition: str,
+    definition: str | None,
 ) -> p.PreparePools:
     """One shape's input pool, written here into the shared pool file for every contender (the same inputs,
     the same pages, for all), each array page-aligned; the inputs of a recent benchmark of the same problem
-    ``definition`` (fingerprint) and seeds are not generated again (engine/harness/input_memo.py)."""
+    ``definition`` (fingerprint) and seeds are not generated again (engine/harness/input_memo.py). ``definition``
+    None: generated and not kept for another benchmark (a probe's pool of secret seeds)."""
     arrays: list[list[p.ArraySpec]] = []
     scalars: list[dict[str, float | int]] = []
     offset = 0
     for seed in seeds:
-        inputs = memoized_inputs(
-            definition, shape, distribution, seed, functools.partial(problem.make_inputs, shape, distribution, seed)
-        )
+        generate = functools.partial(problem.make_inputs, shape, distribution, seed)
+        inputs = generate() if definition is None else memoized_inputs(definition, shape, distribution, seed, generate)
         kept[seed] = inputs  # for checking timed outputs without generating them again
         specs = []
         for q in problem.params:
@@ -588,9 +589,12 @@ def _time_shape(
     distribution: str,
     call_timeout_s: float,
     kept: dict[int, dict[str, Any]],
+    fresh_pool: Callable[[], p.PreparePools],
 ) -> tuple[np.ndarray, CaseEvidence | None]:
     """Handshake, warm-up and timed rounds of one shape, with the candidate's outputs checked after a few
-    random rounds and after the last: per-call times by round, and the first wrong output's evidence."""
+    random rounds and after the last: per-call times by round, and the first wrong output's evidence.
+    ``fresh_pool()``: a new pool of the shape, of secret seeds, for the fresh-input probe of a problem whose
+    inputs the judge cannot vary."""
     candidate = timer.contenders[0]
     checked_rounds = _checked_rounds()
     fetched: list[tuple[p.Reply, bytearray, TimedCall]] = []
@@ -620,7 +624,7 @@ def _time_shape(
         if evidence is not None:
             return rows, evidence
     probed: list[tuple[p.Reply, bytearray, TimedCall]] = []
-    reused = _fresh_probe(problem, timer, prepare, rows, probed)
+    reused = _fresh_probe(problem, timer, prepare, rows, probed, fresh_pool)
     for reply, data, expected in probed:  # a probe's outputs are checked too: a fast probe must be a right one
         evidence = check_timed_output(problem, prepare.shape, distribution, reply, data, kept, expected)
         if evidence is not None:
@@ -634,6 +638,7 @@ def _fresh_probe(
     prepare: p.PreparePools,
     rows: np.ndarray,
     fetched: list[tuple[p.Reply, bytearray, TimedCall]],
+    fresh_pool: Callable[[], p.PreparePools] | None = None,
 ) -> CaseEvidence | None:
     """The candidate timed on inputs no call has read (Refresh changes every float input element of the pool a
     little, outside any timed call), one call per input slot read, against its median per-call time in the rounds.
@@ -649,9 +654,14 @@ def _fresh_probe(
     skips the work on a probe it recognises is wrong there. The kernel passes as soon as a probe is within
     FRESH_FACTOR of its rounds' median; when all FRESH_PROBES probes (each on a newly refreshed pool) are slower,
     the first reference is probed the same way, and only a reference that kept its pace (the machine was not
-    merely slow) makes it a finding. Skipped where no input is float32/float64, or where a probe batch would
-    last under FRESH_MIN_HANDSHAKES handshakes (too short to read)."""
-    if not any(q.is_array and p.varies(q.role, q.dtype) for q in problem.params):
+    merely slow) makes it a finding. Skipped where a probe batch would last under FRESH_MIN_HANDSHAKES handshakes
+    (too short to read).
+
+    Where no input can be varied (integer inputs only: a changed index or count could be one the problem never
+    allows), each probe's pool is a new one instead, drawn by make_inputs with secret seeds (``fresh_pool``), and
+    the probe batch reads each of its slots once; without ``fresh_pool`` such a problem is not probed."""
+    varied = any(q.is_array and p.varies(q) for q in problem.params)
+    if not varied and fresh_pool is None:
         return None
     timed_ns = float(np.median(rows[:, 0]))
     # Every input slot is refreshed; a probe batch reads as many as last FRESH_BATCH_NS (a slow kernel's 64 slots
@@ -662,11 +672,17 @@ def _fresh_probe(
     candidate = timer.contenders[0]
     refreshed: list[int] = []
     probes: list[float] = []
+    pool = prepare
     for _ in range(FRESH_PROBES):
-        refreshed.append(_SECRET.getrandbits(63))
-        fresh = _refreshed_per_call(timer, candidate, calls, timed_ns, refreshed[-1])
+        if varied:
+            refreshed.append(_SECRET.getrandbits(63))
+            fresh = _refreshed_per_call(timer, candidate, calls, timed_ns, refreshed[-1])
+        else:
+            assert fresh_pool is not None
+            pool = fresh_pool()
+            fresh = _new_pool_per_call(timer, candidate, calls, timed_ns, pool)
         for back in sorted(_SECRET.sample(range(calls), min(FRESH_CHECKED, calls))):
-            asked = _timed_call(problem, prepare, candidate.calls_asked - 1 - back, refreshed)
+            asked = _timed_call(problem, pool, candidate.calls_asked - 1 - back, refreshed)
             reply, data = candidate.request(p.Fetch(back=back), timeout=timer.call_timeout_s, what="fetching outputs")
             candidate.pause()  # before the reference's control batch, as after a round's fetch
             fetched.append((reply, data, asked))
@@ -678,10 +694,14 @@ def _fresh_probe(
     if len(timer.contenders) > 1:
         reference = timer.contenders[1]
         reference_ns = float(np.median(rows[:, 1]))
-        again = _refreshed_per_call(timer, reference, calls, reference_ns, _SECRET.getrandbits(63))
+        if varied:
+            again = _refreshed_per_call(timer, reference, calls, reference_ns, _SECRET.getrandbits(63))
+        else:
+            again = _new_pool_per_call(timer, reference, calls, reference_ns, pool)
         if again > FRESH_FACTOR * reference_ns:
             return None  # the machine, not the kernel: the reference slowed down as much
-        control = f"; the reference was {again / reference_ns:.1f}x its own pace on inputs refreshed the same way"
+        drawn = "inputs refreshed the same way" if varied else "a new pool drawn the same way"
+        control = f"; the reference was {again / reference_ns:.1f}x its own pace on {drawn}"
     return CaseEvidence(
         phase="benchmark",
         check="fresh_inputs",
@@ -693,6 +713,36 @@ def _fresh_probe(
             "calls), which real inputs never allow; compute each call's answer from its inputs"
         ),
     )
+
+
+def _new_pool_per_call(
+    timer: _ShapeTimer, contender: Contender, calls: int, per_call_ns: float, pool: p.PreparePools
+) -> float:
+    """Per-call nanoseconds of one batch of ``calls`` calls on ``contender`` just given the new ``pool`` (its
+    calls read the slots in turn from the first, each once while ``calls`` is at most the pool's slots)."""
+    reply, _ = contender.request(pool, timeout=timer.call_timeout_s + 60, what="taking a new input pool")
+    contender.pause()  # the batch resumes it
+    if isinstance(reply, p.Failure):
+        raise Failed(Verdict.harness_error, "memory", reply.message, who=contender.label)
+    elapsed = contender.timed_batch(calls, timer.call_timeout_s + 20 * calls * per_call_ns / 1e9, -1)
+    contender.pause()
+    return max(elapsed - timer.handshake_ns, 1.0) / calls
+
+
+def _fresh_pool(
+    problem: Problem,
+    shape: dict[str, int],
+    distribution: str,
+    slots: int,
+    out_slots: int,
+    shared: SharedPool,
+    kept: dict[int, dict[str, Any]],
+) -> p.PreparePools:
+    """A new input pool of ``shape`` (``slots`` input slots) drawn with secret seeds, written over the shared pool
+    file: the fresh-input probe's inputs for a problem whose inputs cannot be varied. Its inputs are added to
+    ``kept`` (the probe's outputs are checked against them)."""
+    seeds = [_SECRET.getrandbits(63) for _ in range(slots)]
+    return _input_pool(problem, shape, distribution, seeds, out_slots, shared, kept, None)
 
 
 def _refreshed_per_call(timer: _ShapeTimer, contender: Contender, calls: int, per_call_ns: float, seed: int) -> float:
@@ -719,7 +769,7 @@ class TimedCall(BaseModel):
 def _timed_call(problem: Problem, prepare: p.PreparePools, call: int, refreshes: Sequence[int] = ()) -> TimedCall:
     slot, bump = p.timed_call_inputs(call, len(prepare.seeds))
     known = {"call": call, "seed": prepare.seeds[slot], "refreshes": list(refreshes)}
-    drifting = next((q for q in problem.params if q.is_array and p.varies(q.role, q.dtype)), None)
+    drifting = next((q for q in problem.params if q.is_array and p.varies(q)), None)
     if drifting is None:
         return TimedCall(**known, bump=-1, position=0)
     size = int(np.prod(drifting.dims(prepare.shape), dtype=np.int64))
@@ -792,12 +842,12 @@ def check_timed_output(
     inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
     if asked is not None and asked.refreshes:
         # Replay the worker's refreshes of the pool (the fresh-input probe), in order, before the call's drift.
-        refreshed = [q.name for q in problem.params if q.is_array and p.varies(q.role, q.dtype)]
+        refreshed = [q.name for q in problem.params if q.is_array and p.varies(q)]
         for seed in asked.refreshes:
             for index, name in enumerate(refreshed):
                 flat = inputs[name].reshape(-1)
                 p.apply_refresh(np, flat, p.refresh_factors(np, seed, index, flat.size, flat.dtype))
-    bumped = next((q for q in problem.params if q.is_array and p.varies(q.role, q.dtype)), None)
+    bumped = next((q for q in problem.params if q.is_array and p.varies(q)), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of one element (the same arithmetic; engine/harness/worker.py).
         flat = inputs[bumped.name].reshape(-1)
@@ -809,7 +859,21 @@ def check_timed_output(
                 message=f"a timed call's inputs came back unknown (drift {reply.bump} at element {reply.position})",
             )
         flat[reply.position] = p.drift_value(flat[reply.position], p.drift_steps(np, flat.dtype)[reply.bump])
-    reference = problem.reference(inputs, shape)
+    try:
+        reference = problem.reference(inputs, shape)
+    except ProblemDefinitionError as error:
+        varied = [q.name for q in problem.params if q.is_array and p.varies(q)]
+        if not varied or (reply.bump < 0 and not (asked is not None and asked.refreshes)):
+            raise
+        # The inputs drawn were fine until the judge changed them (one element by up to 1/8, or every element by
+        # 1/1024 in the fresh-input probe): say so, and how to keep an input as drawn, instead of sending the
+        # user to a make_inputs that is right.
+        raise ProblemDefinitionError(
+            f"{error}; these were inputs the judge varied between timed calls ({', '.join(varied)}: "
+            "docs/problems.md, 'Inputs the judge varies'): if a small change can take one out of the values your "
+            "reference accepts, mark it {'vary': False} in PARAMS",
+            hung=error.hung,
+        ) from None
     offset = 0
     got: dict[str, np.ndarray] = {}
     for spec in reply.arrays:

@@ -141,7 +141,8 @@ class Contender:
             self.plan = p.Plan(
                 entry=problem.entry,
                 params=[
-                    p.ParamSpec(name=q.name, role=q.role, dtype=q.dtype, shape=list(q.shape)) for q in problem.params
+                    p.ParamSpec(name=q.name, role=q.role, dtype=q.dtype, shape=list(q.shape), vary=q.vary)
+                    for q in problem.params
                 ],
                 contender=kind,
                 library=library,

@@ -115,11 +115,12 @@ def storage(dtype: str) -> str:
     return "uint16" if dtype == "bfloat16" else dtype
 
 
-def varies(role: str, dtype: str) -> bool:
-    """Whether the judge varies a parameter's arrays between timed calls: every float32, float64 and bfloat16
-    input (integers are left as drawn: a changed index or count could be one the problem never allows). The
-    first such array drifts (drift_position); Refresh changes them all."""
-    return role in ("in", "inout") and dtype in ("float32", "float64", "bfloat16")
+def varies(param: Any) -> bool:
+    """Whether the judge varies a parameter's arrays between timed calls (``param`` a ParamSpec, or the engine's
+    Param: its role, dtype and vary): every float32, float64 and bfloat16 input the problem did not mark
+    ``vary: False`` (integers are left as drawn: a changed index or count could be one the problem never
+    allows). The first such array drifts (drift_position); Refresh changes them all."""
+    return bool(param.vary) and param.role in ("in", "inout") and param.dtype in ("float32", "float64", "bfloat16")
 
 
 def drift_position(key: int, call: int, size: int) -> int:
@@ -162,6 +163,9 @@ class ParamSpec(BaseModel):
     role: Literal["in", "out", "inout", "size", "scalar"] = Field(description="How the kernel uses it.")
     dtype: str = Field(description="Element or scalar type: float32, float64, int64, int32.")
     shape: list[str] = Field(default_factory=list, description="Names of the dimensions, for arrays.")
+    vary: bool = Field(
+        default=True, description="Whether the judge may change this input a little between timed calls (varies)."
+    )
 
     @property
     def is_array(self) -> bool:

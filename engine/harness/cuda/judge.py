@@ -93,7 +93,9 @@ def _cuda_view(problem: Problem) -> Problem:
 
 
 def _params(problem: Problem) -> list[ParamSpec]:
-    return [ParamSpec(name=q.name, role=q.role, dtype=q.dtype, shape=list(q.shape)) for q in problem.params]
+    return [
+        ParamSpec(name=q.name, role=q.role, dtype=q.dtype, shape=list(q.shape), vary=q.vary) for q in problem.params
+    ]
 
 
 def _artifact(artifact_id: str, cache_dir: Path | None) -> Any:
