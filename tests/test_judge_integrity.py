@@ -186,7 +186,7 @@ def test_a_kernel_that_reuses_work_across_calls_is_caught(cache: Path) -> None:
 
 @pytest.mark.parametrize(
     ("folder", "defines"),
-    [("matmul_bf16", ""), ("matmul_i32", "#define INT32_INPUTS 1\n")],
+    [("matmul_bf16", "#define BF16_INPUTS 1\n"), ("matmul_i32", "#define INT32_INPUTS 1\n")],
     ids=["bfloat16 inputs", "integer inputs"],
 )
 def test_a_kernel_that_reuses_work_on_inputs_the_judge_did_not_vary_is_caught(
@@ -200,7 +200,7 @@ def test_a_kernel_that_reuses_work_on_inputs_the_judge_did_not_vary_is_caught(
     inputs only is probed on new pools of secret seeds. The loops without the memo are timed ok (the CPU worker
     takes bfloat16 arrays at all: it once failed on them, and called that the seed's crash)."""
     problem = load_problem(str(HOSTILE / "problems" / folder))
-    kernel = (HOSTILE / "memoizes_unvaried_rows.c").read_text()
+    kernel = (HOSTILE / "memoizes_changed_rows.c").read_text()
     expect = header(kernel)
     reports = {}
     for label, text in (("memo", defines + kernel), ("honest", "#define NOMEMO 1\n" + defines + kernel)):

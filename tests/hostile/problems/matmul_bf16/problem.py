@@ -2,7 +2,7 @@
 
 A fixture of tests/hostile: no built-in CPU problem has bfloat16 inputs, and the CPU judge must take them as it
 takes float ones -- their bits are uint16 -- varying them between timed calls so that no kernel gains by
-remembering the answers of inputs it has seen (tests/hostile/memoizes_bf16_rows.c).
+remembering the answers of inputs it has seen (tests/hostile/memoizes_changed_rows.c -DBF16_INPUTS).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A fixture of tests/hostile: a problem whose inputs the judge cannot vary between timed calls (a changed
 integer could be an index or a count the problem never allows), so the fresh-input probe times the kernel on
-new pools instead (tests/hostile/memoizes_unvaried_rows.c).
+new pools instead (tests/hostile/memoizes_changed_rows.c -DINT32_INPUTS).
 """
 
 from __future__ import annotations
