@@ -23,7 +23,7 @@ figure after it meaningless. Each check here is one such property, run on the us
   compiles and validates ``ok``;
 - ``seed_timing``: one call of the seed on each benchmark shape takes between :data:`MIN_CALL_NS` and
   :data:`MAX_CALL_NS` (docs/problems.md: "about 0.1 to 5 ms"), so timings measure the kernel, not the
-  call, and a search's budget buys enough rounds.
+  call, and a search's budget buys enough rounds (skipped when the seed failed its own check).
 
 Each check reports ``ok``, ``failed`` (with a message naming the fix) or ``skipped`` (with why).
 """
@@ -205,8 +205,10 @@ def check_skipped_element(problem: Problem) -> CheckResult:
         name="skipped_element",
         status="failed",
         message=(
-            "no validation trial catches a kernel that skips the last element of an input: add validation "
-            "shapes where every element matters (odd sizes, one row) or tighten the tolerance"
+            "no validation trial catches a kernel that skips the last element of an input (zeroed, it changes no "
+            "answer beyond the tolerance): add validation shapes or distributions where every element matters "
+            "(odd sizes, one row; for a maximum or an argmax, rows whose largest element is the last) or tighten "
+            "the tolerance"
         ),
     )
 
@@ -468,6 +470,10 @@ def check_problem(
             # The harness would call the same problem.py code and meet the same exception (or wait as long).
             why = "hung" if hung else "raised"
             checks.append(CheckResult(name=name, status="skipped", message=f"problem.py {why} in a check above"))
+            continue
+        if name == "seed_timing" and any(c.name == "seed" and c.status == "failed" for c in checks):
+            # Timing a seed that failed validation repeats that failure as one of the benchmark shapes'.
+            checks.append(CheckResult(name=name, status="skipped", message="the seed failed its check above"))
             continue
         say(name)
         try:

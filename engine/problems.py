@@ -469,8 +469,9 @@ class Problem:
                 # so the kernel would be judged against a rounded-off answer (or blamed for its digits).
                 raise ProblemDefinitionError(
                     f"{where}: {p.name!r} is a{'n' if array.dtype.name[0] in 'aeiou' else ''} {array.dtype} "
-                    f"array; a reference must hold floats that represent every {p.dtype} output (float64, "
-                    "computed as docs/problems.md asks): return np.asarray(..., dtype=np.float64)"
+                    f"array; a reference must be a float array wide enough for the {p.dtype} output (float64, as "
+                    "docs/problems.md asks, an integer output's values included): return "
+                    "np.asarray(..., dtype=np.float64)"
                 )
             if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
                 bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])

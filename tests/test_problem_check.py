@@ -124,6 +124,21 @@ def test_a_bfloat16_input_is_checked_for_a_skipped_element() -> None:
     assert result.status == "ok" and "skipping the last element of a" in result.message, result
 
 
+def test_a_seed_that_failed_its_check_is_not_timed_again(tmp_path: Path) -> None:
+    """Timing a seed that failed validation repeated the failure as one of the benchmark shapes' ("check what
+    make_inputs draws at those shapes"), though the shape at fault was a validation one."""
+    folder = tmp_path / "bucketize"
+    shutil.copytree(Path(__file__).parent / "user_problems" / "bucketize", folder)
+    seed = (folder / "seed.c").read_text()
+    (folder / "seed.c").write_text(seed.replace("if (edges[mid] <= v)", "if (edges[mid] < v)"))  # wrong on an edge
+    by_name = {c.name: c for c in check_problem(str(folder), timing=True).checks}
+    assert by_name["seed"].status == "failed", by_name["seed"]
+    assert (
+        by_name["seed_timing"].status == "skipped"
+        and "the seed failed its check above" in by_name["seed_timing"].message
+    )
+
+
 def test_a_baseline_outside_its_tolerance_and_a_wrong_seed_are_named(tmp_path: Path) -> None:
     folder = folder_like(
         "softmax",
@@ -212,12 +227,12 @@ HOSTILE_FOLDERS = {
     "a reference in int64": (
         replaced("reference", "return {'y': np.round(_old_reference(*args)['y'] * 1e6).astype(np.int64)}"),
         "baseline",
-        "'y' is an int64 array; a reference must hold floats that represent every float32 output",
+        "'y' is an int64 array; a reference must be a float array wide enough for the float32 output",
     ),
     "a reference in float16": (
         replaced("reference", "return {'y': _old_reference(*args)['y'].astype(np.float16)}"),
         "baseline",
-        "'y' is a float16 array; a reference must hold floats that represent every float32 output",
+        "'y' is a float16 array; a reference must be a float array wide enough for the float32 output",
     ),
     # A tolerance_for as tight as it should be on the validation shapes, where the checks above compare, but that
     # lets anything through on the benchmark shapes, where the timed outputs are compared.
