@@ -660,7 +660,7 @@ def _fresh_probe(
     Where no input can be varied (integer inputs only: a changed index or count could be one the problem never
     allows), each probe's pool is a new one instead, drawn by make_inputs with secret seeds (``fresh_pool``), and
     the probe batch reads each of its slots once; without ``fresh_pool`` such a problem is not probed."""
-    varied = any(q.is_array and p.varies(q) for q in problem.params)
+    varied = bool(p.varied(problem.params))
     if not varied and fresh_pool is None:
         return None
     timed_ns = float(np.median(rows[:, 0]))
@@ -769,7 +769,7 @@ class TimedCall(BaseModel):
 def _timed_call(problem: Problem, prepare: p.PreparePools, call: int, refreshes: Sequence[int] = ()) -> TimedCall:
     slot, bump = p.timed_call_inputs(call, len(prepare.seeds))
     known = {"call": call, "seed": prepare.seeds[slot], "refreshes": list(refreshes)}
-    drifting = next((q for q in problem.params if q.is_array and p.varies(q)), None)
+    drifting = next(iter(p.varied(problem.params)), None)
     if drifting is None:
         return TimedCall(**known, bump=-1, position=0)
     size = int(np.prod(drifting.dims(prepare.shape), dtype=np.int64))
@@ -842,12 +842,12 @@ def check_timed_output(
     inputs = {name: value.copy() if isinstance(value, np.ndarray) else value for name, value in generated.items()}
     if asked is not None and asked.refreshes:
         # Replay the worker's refreshes of the pool (the fresh-input probe), in order, before the call's drift.
-        refreshed = [q.name for q in problem.params if q.is_array and p.varies(q)]
+        refreshed = [q.name for q in p.varied(problem.params)]
         for seed in asked.refreshes:
             for index, name in enumerate(refreshed):
                 flat = inputs[name].reshape(-1)
                 p.apply_refresh(np, flat, p.refresh_factors(np, seed, index, flat.size, flat.dtype))
-    bumped = next((q for q in problem.params if q.is_array and p.varies(q)), None)
+    bumped = next(iter(p.varied(problem.params)), None)
     if reply.bump >= 0 and bumped is not None:
         # Replay the worker's drift of one element (the same arithmetic; engine/harness/worker.py).
         flat = inputs[bumped.name].reshape(-1)
@@ -862,7 +862,7 @@ def check_timed_output(
     try:
         reference = problem.reference(inputs, shape)
     except ProblemDefinitionError as error:
-        varied = [q.name for q in problem.params if q.is_array and p.varies(q)]
+        varied = [q.name for q in p.varied(problem.params)]
         if not varied or (reply.bump < 0 and not (asked is not None and asked.refreshes)):
             raise
         # The inputs drawn were fine until the judge changed them (one element by up to 1/8, or every element by

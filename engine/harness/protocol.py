@@ -123,6 +123,12 @@ def varies(param: Any) -> bool:
     return bool(param.vary) and param.role in ("in", "inout") and param.dtype in ("float32", "float64", "bfloat16")
 
 
+def varied(params: Any) -> list[Any]:
+    """The parameters of ``params`` (ParamSpecs or Params, in PARAMS order) the judge varies (varies): the first
+    drifts, Refresh changes them all. Empty where nothing may change (the probe then draws new pools)."""
+    return [q for q in params if varies(q)]
+
+
 def drift_position(key: int, call: int, size: int) -> int:
     """The element the drift of call ``call`` (from 0, counted over a shape's batches) changes, of ``size``.
 

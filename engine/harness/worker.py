@@ -415,7 +415,7 @@ class _Bench:
         for slot in [*self.outputs, self.spare]:
             for array in slot.values():
                 _poison(np, array)
-        self.bumped = next((q.name for q in arrays if p.varies(q)), None)
+        self.bumped = next((q.name for q in p.varied(arrays)), None)
         self.drift_key = command.drift_key
         self.drifting = [slot[self.bumped].reshape(-1) for slot in self.inputs] if self.bumped else []
         # Per input slot: the element the last use drifted, and its value before (restored at the next use).
@@ -515,7 +515,7 @@ class _Bench:
         """Every element of every float input of every slot changed a little (Refresh), outside any timed call.
         Each slot's drifted element is put back first and the drift starts afresh, so the parent can replay a
         slot's inputs as its generated ones with every refresh so far applied, then the call's drift."""
-        refreshed = [q.name for q in self.params if q.is_array and p.varies(q)]
+        refreshed = [q.name for q in p.varied(self.params)]
         if self.bumped:
             for i, (last, before) in enumerate(self.drifted):
                 self.drifting[i][last] = before

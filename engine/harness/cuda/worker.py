@@ -437,7 +437,7 @@ class Bench:
         # The input one element of which drifts with every use of its set (as on the CPU: protocol.drift_value):
         # the first float or bfloat16 array that is not an output -- the one the parent replays the drift on to
         # check a timed output (engine/harness/benchmarking.py check_timed_output).
-        self.bumped = next((q for q in plan.params if q.is_array and p.varies(q)), None)
+        self.bumped = next(iter(p.varied(plan.params)), None)
         # Per input set: the drifting array as uploaded (host copy), and the element the last use drifted.
         self.pristine: list[Any] = []
         self.drifted: list[int] = []
