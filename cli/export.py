@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from cli.options import search_id
+from cli.output_file import checked_output, is_stream
 from engine.connections import database_url
 from engine.database_url import check_database_url
 from engine.errors import UserError
@@ -84,41 +87,47 @@ def _output_path(output: str | None) -> Path | None:
     """The --output file, checked before the database is contacted; None for standard output."""
     if output is None or output == "-":
         return None
-    path = Path(output)
-    if path.is_dir():
-        raise UserError(f"--output {output} is a directory; name a file in it, e.g. {path / 'evidence.jsonl'}")
-    if not path.parent.is_dir():
-        raise UserError(f"--output {output}: the folder {path.parent} does not exist; create it first")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UserError(f"--output {output}: the folder {path.parent} is not writable; choose another place")
-    return path
+    return checked_output("--output", output, "evidence.jsonl")
 
 
 def _export(url: str, search: str | None, file_format: str, output: Path | None) -> ExportEnd:
     """Export to ``output`` (None: standard output). A file is written next to its place and renamed into it
     only when complete, so a failed export never leaves a file that looks like one, cut short."""
-    if output is None and file_format == "jsonl":
-        # Streamed: a reader of the pipe sees the events as they come; the end record tells it the export finished.
-        return asyncio.run(_export_to(url, search, JsonlSink(sys.stdout.buffer)))
-    directory = output.parent if output is not None else None
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".kf-export-", suffix=".partial", delete=False) as spool:
+    if output is None or is_stream(output):
+        # Standard output, /dev/stdout, a named pipe: written into as it stands (cli/output_file.py).
+        with _stream(output) as stream:
+            if file_format == "jsonl":
+                # Streamed: a reader sees the events as they come; the end record tells it the export finished.
+                return asyncio.run(_export_to(url, search, JsonlSink(stream)))
+            with tempfile.TemporaryFile(prefix="kf-export-") as spool:  # Parquet: whole first, its footer comes last
+                end = asyncio.run(_export_to(url, search, _sink(file_format, spool)))
+                spool.seek(0)
+                shutil.copyfileobj(spool, stream)
+            stream.flush()
+            return end
+    with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".kf-export-", suffix=".partial", delete=False) as spool:
         partial = Path(spool.name)
     try:
         with partial.open("wb") as file:
             end = asyncio.run(_export_to(url, search, _sink(file_format, file)))
-        if output is not None:
-            # The temporary file was created private (0600); the export gets the mode any new file would.
-            umask = os.umask(0)
-            os.umask(umask)
-            partial.chmod(0o666 & ~umask)
-            os.replace(partial, output)
-        else:  # Parquet to a pipe: written whole first, since its footer comes last
-            with partial.open("rb") as file:
-                shutil.copyfileobj(file, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
+        # The temporary file was created private (0600); the export gets the mode any new file would.
+        umask = os.umask(0)
+        os.umask(umask)
+        partial.chmod(0o666 & ~umask)
+        os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)
     return end
+
+
+@contextlib.contextmanager
+def _stream(output: Path | None) -> Iterator[BinaryIO]:
+    """Standard output (left open), or ``output`` opened for writing."""
+    if output is None:
+        yield sys.stdout.buffer
+        return
+    with output.open("wb") as stream:
+        yield stream
 
 
 def _sink(file_format: str, file: BinaryIO) -> ExportSink:

@@ -2,7 +2,8 @@
 
 The report reads the event log only (Postgres), never Temporal: it works while a search runs and after its
 workflow history is gone. Exit status (cli/__init__.py): 0 written; 2 bad input (no such search, a malformed
-URL, an unwritable --output); 3 the event log's database is not running or does not answer.
+URL, an --output whose place cannot hold a file); 3 the event log's database is not running or does not answer, or
+the file could not be written once its place was checked (a full disk).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import asyncio
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from cli.options import search_id
+from cli.output_file import checked_output
 from engine.connections import database_url
-from engine.errors import UserError
+from engine.errors import InfrastructureError, UserError
 from engine.report.gather import gather_report
 from engine.report.page import comparison_page, search_page
 from engine.report.plots import PALETTE
@@ -59,20 +60,18 @@ def register(subparsers: Any) -> None:
 def run_report(args: argparse.Namespace) -> int:
     ids = _search_ids(args)
     output = args.output or default_output(ids)
+    # The place is checked before the database is read: a report that cannot be written is not rendered first.
+    path = None if output == "-" else checked_output("--output", output, default_output(ids))
     # A database that is not running or does not answer raises ServiceUnavailable (or an outage mid-read):
     # cli.main says so in one line and exits 3.
     page = asyncio.run(render(args.database_url or database_url(), ids))
-    if output == "-":
+    if path is None:
         sys.stdout.write(page)
         return 0
-    path = Path(output)
     try:
         path.write_text(page, encoding="utf-8")
-    except OSError as error:
-        raise UserError(
-            f"cannot write the report to {output!r}: {error.strerror or error}; pass --output a writable file path "
-            "(or - for stdout)"
-        ) from None
+    except OSError as error:  # the place took a file a moment ago: a full disk, a file system gone read-only
+        raise InfrastructureError(f"cannot write the report to {output!r}: {error.strerror or error}") from None
     if args.json:
         print(json.dumps({"path": str(path), "search_ids": ids, "bytes": len(page.encode("utf-8"))}))
     else:

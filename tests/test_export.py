@@ -15,6 +15,7 @@ import json
 import os
 import pty
 import random
+import stat
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -492,6 +493,9 @@ async def test_export_refusals_and_an_unreachable_database(
         ("export", "no-such-search"): "no events for search 'no-such-search'",
         ("export", SEARCH, "-o", str(tmp_path)): "is a directory",
         ("export", SEARCH, "-o", str(tmp_path / "nowhere" / "x.jsonl")): "does not exist",
+        # /proc passes os.access for root and refuses every new file; /dev/null is a file, not a folder
+        ("export", SEARCH, "-o", "/proc/kf-export.jsonl"): "/proc cannot hold a new file",
+        ("export", SEARCH, "-o", "/dev/null/x.jsonl"): "/dev/null is not a folder",
     }
     for argv, message in refusals.items():
         status, _, err = await asyncio.to_thread(kf_main, capsys, *argv)
@@ -529,3 +533,41 @@ async def test_parquet_goes_to_a_pipe(log: EventStore, fresh_db_url: str, tmp_pa
     path.write_bytes(done.stdout)
     report = audit_export(path)
     assert report.intact and report.format == "parquet" and report.events == 8
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "parquet"])
+async def test_an_export_to_a_named_pipe_is_written_into_it_not_over_it(
+    log: EventStore, fresh_db_url: str, tmp_path: Path, file_format: str
+) -> None:
+    # A pipe (as /dev/stdout or a terminal) is a place to write into: renaming a finished file over it would
+    # remove the pipe its reader waits on and leave the export in a file nobody reads.
+    pipe = tmp_path / "evidence.pipe"
+    os.mkfifo(pipe)
+    env = os.environ | {"KF_DATABASE_URL": fresh_db_url}
+    command = [KF, "export", SEARCH, "--format", file_format, "--output", str(pipe)]
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    # Our own writer holds the pipe open, so that its end of file comes only after the export has had its turn
+    # (an export that never opens the pipe must not leave the reader waiting).
+    keeper = os.open(pipe, os.O_WRONLY)
+    os.set_blocking(reader, True)
+
+    def read() -> bytes:
+        chunks = []
+        while chunk := os.read(reader, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    reading = asyncio.ensure_future(asyncio.to_thread(read))
+    exporting = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    ended = await asyncio.to_thread(exporting.wait, 60)
+    os.close(keeper)
+    received = await reading
+    os.close(reader)
+    err = exporting.stderr.read() if exporting.stderr else b""
+    assert ended == 0, err.decode()
+    assert stat.S_ISFIFO(pipe.stat().st_mode), "the pipe was replaced by a file"
+    copy = tmp_path / f"received.{file_format}"
+    copy.write_bytes(received)
+    report = audit_export(copy)
+    assert report.intact and report.format == file_format and report.events == 8
+    assert not list(tmp_path.glob(".kf-*")), "a temporary file was left beside the pipe"

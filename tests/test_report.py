@@ -273,6 +273,9 @@ def test_bad_input_exits_2_and_an_unreachable_database_3(
         capsys, searches.cold, "--database-url", searches.url, "--output", str(tmp_path / "missing" / "r.html")
     )
     assert status == 2 and "--output" in err
+    # /proc passes os.access for root and refuses every new file: found before the page is rendered, not after.
+    status, _, err = report(capsys, searches.cold, "--database-url", searches.url, "--output", "/proc/kf-report.html")
+    assert status == 2 and "/proc cannot hold a new file" in err, err
     # Nothing listens on port 1 of the loopback: the machine's failure, not the input.
     status, _, err = report(capsys, searches.cold, "--database-url", "postgresql://kf@127.0.0.1:1/kf")
     assert status == 3 and "kf up" in err
