@@ -12,10 +12,13 @@ figure after it meaningless. Each check here is one such property, run on the us
   be caught);
 - ``skipped_element``: the reference of inputs with one element zeroed (a kernel that skips an element of
   its loop) fails the tolerance on at least one validation trial;
+- ``benchmark_answers``: on every benchmark shape, the answers for the inputs the judge times (its ``normal``
+  distribution, else the first) are not one value within the tolerance (relu of inputs that are all
+  negative): a kernel writing that value without reading its inputs would pass every timed check;
 - ``benchmark_tolerance``: on every benchmark shape of every backend, where the timed outputs are compared,
   the reference rounded coarser than its output's dtype (to bfloat16 for float32 and float64 outputs, to 3
   mantissa bits, float8 e4m3's, for bfloat16 ones) fails the tolerance: a ``tolerance_for`` tight on the
-  validation shapes cannot be loose where a kernel is timed;
+  validation shapes cannot be loose where a kernel is timed (skipped where the answers are exact in those bits);
 - ``roofline``: ``roofline(shape)`` gives a byte count > 0 and a flop count >= 0 on every benchmark shape of
   every backend (timing checks a result against that floor; this check runs without timing too);
 - ``seed``: the seed kernel compiles and validates ``ok`` in the sandbox;
@@ -48,7 +51,7 @@ MAX_CALL_NS = 20_000_000.0
 """Longest seed call on a benchmark shape that leaves a search's budget enough rounds (20 ms)."""
 TEMPLATE_SAMPLE = 4
 """Random allowed template settings compiled and validated, besides the first and the last."""
-PURE_CHECKS = 6
+PURE_CHECKS = 7
 """The first checks, which run only the problem's own Python (an exception there is the problem's fault)."""
 
 
@@ -152,11 +155,13 @@ def check_low_precision(problem: Problem, precision: Literal["float16", "bfloat1
     floats = {p.name for p in problem.outputs if p.dtype in ("float32", "float64")}
     if not floats:
         return CheckResult(name=name, status="skipped", message="no float32 or float64 output to round")
-    failed = 0
+    distribution = timed_distribution(problem)
+    failed = unchanged = 0
     for shape in problem.validation_shapes:
-        inputs = problem.make_inputs(shape, problem.distributions[0], 0)
+        inputs = problem.make_inputs(shape, distribution, 0)
         got = problem.baseline(inputs, shape)
         rounded = {k: (_rounded(v, precision) if k in floats else v) for k, v in got.items()}
+        unchanged += all(np.array_equal(rounded[k], np.asarray(got[k], dtype=np.float32)) for k in floats)
         failed += _worst_ratio(problem, rounded, problem.reference(inputs, shape), shape, inputs) > 1.0
     needed = max(1, len(problem.validation_shapes) // 2)
     if failed >= needed:
@@ -164,6 +169,19 @@ def check_low_precision(problem: Problem, precision: Literal["float16", "bfloat1
             name=name,
             status="ok",
             message=f"{precision} answers fail on {failed} of {len(problem.validation_shapes)} shapes",
+        )
+    if unchanged > len(problem.validation_shapes) - needed:
+        # No tolerance could fail an answer the rounding left as it was: the inputs are the fault, not TOLERANCES.
+        return CheckResult(
+            name=name,
+            status="failed",
+            message=(
+                f"rounding to {precision} changes no answer on {unchanged} of {len(problem.validation_shapes)} "
+                f"validation shapes: the '{distribution}' inputs' answers are exact in {precision} (zeros, small "
+                "integers), so no tolerance can tell a kernel computing in it; make the distribution these checks "
+                "and the timed calls draw ('normal' if DISTRIBUTIONS has it, else the first) one whose answers are "
+                "typical"
+            ),
         )
     return CheckResult(
         name=name,
@@ -237,18 +255,58 @@ def _with_mantissa(values: np.ndarray, bits: int) -> np.ndarray:
     return np.asarray(kept.astype(np.uint32).view(np.float32))
 
 
+def timed_distribution(problem: Problem) -> str:
+    """The distribution the timed calls draw (engine/harness/benchmarking.py): ``normal``, else the first."""
+    return "normal" if "normal" in problem.distributions else problem.distributions[0]
+
+
+def check_benchmark_answers(problem: Problem) -> CheckResult:
+    from engine.harness.validation import constant_answer  # the harness's own rule (check_timed_output)
+
+    distribution = timed_distribution(problem)
+    shapes = benchmark_shapes(problem)
+    for shape in shapes:
+        inputs = problem.make_inputs(shape, distribution, 0)
+        reference = problem.reference(inputs, shape)
+        answers = [(reference[q.name], *problem.tolerance(q.dtype, shape, inputs)) for q in problem.outputs]
+        constant = constant_answer(answers)
+        if constant is not None:
+            written = ", ".join(f"{q.name} {v:.6g}" for q, v in zip(problem.outputs, constant, strict=True))
+            return CheckResult(
+                name="benchmark_answers",
+                status="failed",
+                message=(
+                    f"{problem.folder / 'problem.py'}: on the benchmark shape {shape}, every answer for the "
+                    f"'{distribution}' inputs the judge times is one value within its tolerance ({written}), so "
+                    "a kernel that writes it without reading its inputs would pass the timed checks (the judge "
+                    "refuses a problem where its drift of one element leaves them so): make the distribution the "
+                    "judge times ('normal' if DISTRIBUTIONS has it, else the first) one whose answers vary"
+                ),
+            )
+    return CheckResult(
+        name="benchmark_answers",
+        status="ok",
+        message=f"the timed '{distribution}' inputs' answers vary on all {len(shapes)} benchmark shapes",
+    )
+
+
 def check_benchmark_tolerance(problem: Problem) -> CheckResult:
     outputs = [p for p in problem.outputs if p.dtype in COARSER_BITS]
     if not outputs:
         return CheckResult(name="benchmark_tolerance", status="skipped", message="no floating-point output")
-    # The distribution the timed calls draw (engine/harness/benchmarking.py).
-    distribution = "normal" if "normal" in problem.distributions else problem.distributions[0]
+    distribution = timed_distribution(problem)
     shapes = benchmark_shapes(problem)
+    tried = 0
     for shape in shapes:
         inputs = problem.make_inputs(shape, distribution, 0)
         reference = problem.reference(inputs, shape)
         for param in outputs:
             coarse = _with_mantissa(reference[param.name], COARSER_BITS[param.dtype])
+            if np.array_equal(coarse, np.asarray(reference[param.name], dtype=np.float32)):
+                # Answers that are exact in fewer bits (zeros, small integers) say nothing of the tolerance when
+                # rounded: passing them is no fault of it.
+                continue
+            tried += 1
             answer = float32_to_bf16(coarse) if param.dtype == "bfloat16" else coarse  # bf16 is stored as bits
             if _worst_ratio(problem, {param.name: answer}, reference, shape, inputs, only=param.name) <= 1.0:
                 atol, rtol = problem.tolerance(param.dtype, shape, inputs)
@@ -263,6 +321,12 @@ def check_benchmark_tolerance(problem: Problem) -> CheckResult:
                         "grow with a shape only as its rounding error does"
                     ),
                 )
+    if not tried:
+        return CheckResult(
+            name="benchmark_tolerance",
+            status="skipped",
+            message="the timed answers are exact in fewer mantissa bits: rounding them changes nothing to check",
+        )
     return CheckResult(
         name="benchmark_tolerance",
         status="ok",
@@ -446,6 +510,7 @@ def check_problem(
         ("half_precision", lambda: check_low_precision(problem, "float16")),
         ("bf16", lambda: check_low_precision(problem, "bfloat16")),
         ("skipped_element", lambda: check_skipped_element(problem)),
+        ("benchmark_answers", lambda: check_benchmark_answers(problem)),
         ("benchmark_tolerance", lambda: check_benchmark_tolerance(problem)),
         ("roofline", lambda: check_roofline(problem)),
     ]

@@ -256,6 +256,22 @@ def test_an_input_a_small_change_makes_invalid_can_be_left_as_drawn(tmp_path: Pa
     assert _timed_seed(folder, cache).verdict == Verdict.ok
 
 
+def test_a_problem_whose_timed_answers_are_one_value_is_refused_not_timed(tmp_path: Path, cache: Path) -> None:
+    """relu timed on inputs that are all negative: every answer is 0, and stays 0 when the judge drifts an element
+    by a small step, so a kernel that writes zeros without reading x passes every timed check and would be timed
+    as a memset. The judge refuses the problem (the problem's error, exit status 2 in kf evaluate); with the
+    typical inputs timed, the seed is timed ok."""
+    assert _timed_seed(ROOT / "tests" / "user_problems" / "relu", cache).verdict == Verdict.ok
+    folder = tmp_path / "relu"
+    shutil.copytree(ROOT / "tests" / "user_problems" / "relu", folder)
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(source.replace('["mixed", "negative"]', '["negative", "mixed"]'))
+    with pytest.raises(
+        ProblemDefinitionError, match=r"every answer of a timed call .* is one value .*\(y 0\) on the 'negative'"
+    ):
+        _timed_seed(folder, cache)
+
+
 def test_bfloat16_inputs_drift_and_refresh_to_values_of_their_own() -> None:
     """bfloat16 bits (uint16) change at every drift step and every refresh, by about the float drift's size, and
     an infinity or NaN stays as it is: every use of a slot is an input of its own, as with float inputs. A second

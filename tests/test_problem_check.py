@@ -50,6 +50,7 @@ def test_a_copy_of_a_builtin_problem_passes_every_check(tmp_path: Path, capsys: 
         "half_precision": "ok",
         "bf16": "ok",
         "skipped_element": "ok",
+        "benchmark_answers": "ok",
         "benchmark_tolerance": "ok",
         "roofline": "ok",
         "seed": "ok",
@@ -397,6 +398,18 @@ HOSTILE_FOLDERS = {
         "seed_timing",
         "raised RuntimeError('only when timed'); fix baseline()",
     ),
+    # Every timed answer is 0 (l2norm of zero rows): what is timed is an edge case, and a kernel writing zeros
+    # matches every answer but the one element the judge's drift changes (tests/user_problems/relu: not even it).
+    "timed inputs whose answers are all one value": (
+        {
+            "problem_py": (
+                '        x = rng.standard_normal((rows, cols))\n    elif distribution == "uniform":',
+                '        x = 0.0 * rng.standard_normal((rows, cols))\n    elif distribution == "uniform":',
+            )
+        },
+        "benchmark_answers",
+        "every answer for the 'normal' inputs the judge times is one value within its tolerance (y 0)",
+    ),
     "a template_allows that allows nothing": (
         replaced("template_allows", "return False"),
         "template",
@@ -516,3 +529,26 @@ def test_the_problem_call_deadline_is_read_from_the_environment(monkeypatch: pyt
         monkeypatch.setenv("KF_PROBLEM_CALL_S", bad)
         with pytest.raises(ConfigurationError, match="KF_PROBLEM_CALL_S"):
             problem_call_s()
+
+
+def test_timed_answers_exact_in_low_precision_blame_the_distribution_not_the_tolerance(tmp_path: Path) -> None:
+    # tests/user_problems/relu with its all-negative inputs listed first: every answer the checks round is 0.
+    # Before, half_precision and bf16 said "tighten TOLERANCES" (already exact) and benchmark_tolerance failed
+    # with "tolerance_for must grow with a shape only as its rounding error does".
+    folder = tmp_path / "relu"
+    shutil.copytree(Path(__file__).parent / "user_problems" / "relu", folder)
+    source = (folder / "problem.py").read_text()
+    (folder / "problem.py").write_text(source.replace('["mixed", "negative"]', '["negative", "mixed"]'))
+    checks = {c.name: c for c in check_problem(str(folder), timing=False).checks}
+    for name, precision in (("half_precision", "float16"), ("bf16", "bfloat16")):
+        assert checks[name].status == "failed", checks[name]
+        assert f"the 'negative' inputs' answers are exact in {precision}" in checks[name].message
+        assert "TOLERANCES" not in checks[name].message
+    assert checks["benchmark_answers"].status == "failed"
+    assert "(y 0)" in checks["benchmark_answers"].message and "'negative' inputs" in checks["benchmark_answers"].message
+    assert checks["benchmark_tolerance"].status == "skipped", checks["benchmark_tolerance"]
+    typical = {
+        c.name: c.status
+        for c in check_problem(str(Path(__file__).parent / "user_problems" / "relu"), timing=False).checks
+    }
+    assert typical["half_precision"] == typical["bf16"] == typical["benchmark_answers"] == "ok", typical

@@ -66,6 +66,7 @@ from engine.harness.validation import (
     accepts_zeros,
     address_space_limit,
     compare_output,
+    constant_answer,
     output_values,
     plan_trials,
     trial_seed,
@@ -881,6 +882,18 @@ def check_timed_output(
             data, dtype=spec.dtype, count=spec.nbytes // np.dtype(spec.dtype).itemsize, offset=offset
         ).reshape(spec.dims)
         offset += spec.nbytes
+    expected_answers = [(reference[q.name], *problem.tolerance(q.dtype, shape, inputs)) for q in problem.outputs]
+    constant = constant_answer(expected_answers)
+    if constant is not None:
+        # The problem's error, as a tolerance that accepts zeros is: every timed check would pass a kernel that
+        # writes these values without reading its inputs, and the speedup timed would be that of a memset.
+        written = ", ".join(f"{q.name} {value:.6g}" for q, value in zip(problem.outputs, constant, strict=True))
+        raise ProblemDefinitionError(
+            f"{problem.folder / 'problem.py'}: every answer of a timed call at the benchmark shape {shape} is one "
+            f"value within its tolerance ({written}) on the '{distribution}' inputs the judge times, so a kernel "
+            "that writes it without reading its inputs passes every timed check: make the distribution the judge "
+            "times ('normal' if DISTRIBUTIONS has it, else the first) one whose answers vary"
+        )
     for q in problem.outputs:
         array = got.get(q.name)
         if array is None or array.shape != q.dims(shape) or array.dtype != np.dtype(DTYPES[q.dtype]):

@@ -164,6 +164,25 @@ def accepts_zeros(reference: np.ndarray, atol: float, rtol: float) -> float | No
     return float(finite.max()) if bool(np.all(finite <= atol + rtol * finite)) else None
 
 
+def constant_answer(references: Sequence[tuple[np.ndarray, float, float]]) -> list[float] | None:
+    """For each output ``(reference, atol, rtol)`` of one call, a value that, written to every element, passes
+    the tolerance against the whole reference (the middle of its range); None when some output has no such value
+    or the outputs hold one element in all. Where every output has one, the call's answers check nothing of a
+    kernel that writes those values without reading its inputs (relu of inputs that are all negative)."""
+    if sum(np.asarray(reference).size for reference, _, _ in references) < 2:
+        return None
+    values = []
+    for reference, atol, rtol in references:
+        ref = np.asarray(reference, dtype=np.float64)
+        if not ref.size or not np.all(np.isfinite(ref)):
+            return None
+        middle = (float(ref.min()) + float(ref.max())) / 2
+        if not bool(np.all(np.abs(ref - middle) <= atol + rtol * np.abs(ref))):
+            return None
+        values.append(middle)
+    return values
+
+
 def output_values(problem: Problem, name: str, got: np.ndarray, reference: Any) -> tuple[np.ndarray, np.ndarray]:
     """An output and its reference as :func:`compare_output` takes them. A ``bfloat16`` output (stored as its
     bits) is decoded to float32 (Problem.decode_output) and its reference rounded to bfloat16 first, which is
