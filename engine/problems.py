@@ -35,6 +35,7 @@ from threadpoolctl import threadpool_limits
 
 from engine.config import problem_call_s
 from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
+from engine.harness.protocol import bf16_rounded
 from engine.problem_host import HostedModule, HostEnded, ProblemHost, Raised, forget, host_for
 from kernels import SUITE_DIR
 
@@ -118,9 +119,7 @@ def float32_to_bf16(values: Any) -> np.ndarray:
     (quiet) NaN and values beyond the largest bfloat16 round to infinity, as hardware conversions do."""
     single = np.array(values, dtype=np.float32)
     bits = single.view(np.uint32)
-    # Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; the carry may ripple into the
-    # exponent, which is exactly right (up to the next binade, or to infinity).
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    rounded = bf16_rounded(bits)  # NaN's bits may carry past 32 there: replaced below
     quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x0040)
     return np.asarray(np.where(np.isnan(single), quiet_nan, rounded).astype(np.uint16))
 

@@ -68,6 +68,15 @@ def refresh_factors(np: Any, seed: int, index: int, size: int, dtype: Any) -> An
     return np.where(mixed >> np.uint64(63), more, less)
 
 
+def bf16_rounded(wide: Any) -> Any:
+    """float32 bit patterns (a uint32 numpy array, or an int) rounded to the nearest bfloat16, ties to even: the
+    bfloat16's 16 bits (in the same type). Adding 0x7FFF plus the lowest kept bit rounds; the carry may ripple
+    into the exponent, which is exactly right (up to the next binade, or to infinity). NaN is the caller's: its
+    bits may carry past 32. The one rounding the worker's drift and refresh, the parent's replay of them and
+    engine/problems.py's conversions all use."""
+    return (wide + 0x7FFF + ((wide >> 16) & 1)) >> 16
+
+
 def apply_refresh(np: Any, flat: Any, factors: Any) -> None:
     """Multiply the flat array ``flat`` by ``factors`` (refresh_factors) in place: float elements directly, the
     bits of bfloat16 ones widened to float32, multiplied and rounded back to the nearest bfloat16 (ties to even);
@@ -77,9 +86,7 @@ def apply_refresh(np: Any, flat: Any, factors: Any) -> None:
         return
     wide = (flat.astype(np.uint32) << np.uint32(16)).view(np.float32) * factors
     bits = wide.view(np.uint32)
-    rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(
-        np.uint16
-    )
+    rounded = bf16_rounded(bits).astype(np.uint16)
     special = (flat & np.uint16(_BF16_EXPONENT)) == np.uint16(_BF16_EXPONENT)
     flat[...] = np.where(special, flat, rounded)
 
@@ -105,7 +112,7 @@ def drift_value(before: Any, step: Any) -> Any:
         return before
     (value,) = struct.unpack("<f", struct.pack("<I", bits << 16))
     (wide,) = struct.unpack("<I", struct.pack("<f", value + step))
-    rounded = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16) & 0xFFFF
+    rounded = bf16_rounded(wide) & 0xFFFF
     return before.dtype.type(rounded if rounded != bits else bits ^ 1)
 
 
