@@ -344,6 +344,11 @@ class Problem:
     def distributions(self) -> list[str]:
         return list(self.module.DISTRIBUTIONS)
 
+    @property
+    def timed_distribution(self) -> str:
+        """The distribution the judge's timed calls draw: ``normal`` when DISTRIBUTIONS has it, else the first."""
+        return "normal" if "normal" in self.distributions else self.distributions[0]
+
     def tolerance(
         self, dtype: str, shape: dict[str, int] | None = None, inputs: dict[str, Any] | None = None
     ) -> tuple[float, float]:

@@ -439,7 +439,7 @@ def _time_shape(
     out_bytes = sum(array_nbytes(q.dims(shape), q.dtype) for q in problem.params if q.role in ("out", "inout"))
     modules = sum(1 for spec, _ in contenders if spec.kind == "module")
     rotation = rotation_plan(in_bytes, out_bytes, modules, child.ready.free_bytes, flush)
-    distribution = "normal" if "normal" in problem.distributions else problem.distributions[0]
+    distribution = problem.timed_distribution
     seeds = [trial_seed(seed, "benchmark", index, distribution, i) for i in range(rotation.in_slots)]
     sets = input_sets(problem, shape, distribution, seeds)
     key = shape_key(shape)
