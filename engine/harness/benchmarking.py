@@ -56,6 +56,7 @@ from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
 from engine.harness.contention import CoreWatch
 from engine.harness.driver import Contender, Failed
+from engine.harness.fresh_probe import FRESH_PAUSE_S, reuse_seen
 from engine.harness.input_memo import memoized_inputs
 from engine.harness.machine import EXCLUSIVE_WAIT_S, MAX_POOL_BYTES, machine_limits
 from engine.harness.sandbox import CpuLease, SandboxLimits
@@ -111,11 +112,8 @@ MAX_ROUNDS = 100_000
 RAMP_FACTOR = 8
 RAMP_HANDSHAKES = 10
 RAMP_TRUST = 2.0
-# The fresh-input probe (_fresh_probe): this many probes at most, each this many times slower than the rounds'
-# median for the kernel to be caught reusing work (unless the reference slowed down as much); none where a probe
-# batch would last under this many handshakes.
-FRESH_PROBES = 5
-FRESH_FACTOR = 2.0
+# The fresh-input probe (_fresh_probe; its rule, engine.harness.fresh_probe): none where a probe batch would last
+# under this many handshakes.
 FRESH_MIN_HANDSHAKES = 5
 # ... and this many of each probe batch's outputs, drawn after it, are fetched and checked; a probe batch
 # reads as many input slots as last this long.
@@ -652,11 +650,10 @@ def _fresh_probe(
 
     Each probe batch's calls write an output slot each (there is one more output slot than input slots), and
     FRESH_CHECKED of them, drawn after the batch, are fetched into ``fetched`` for checking: a kernel that
-    skips the work on a probe it recognises is wrong there. The kernel passes as soon as a probe is within
-    FRESH_FACTOR of its rounds' median; when all FRESH_PROBES probes (each on a newly refreshed pool) are slower,
-    the first reference is probed the same way, and only a reference that kept its pace (the machine was not
-    merely slow) makes it a finding. Skipped where a probe batch would last under FRESH_MIN_HANDSHAKES handshakes
-    (too short to read).
+    skips the work on a probe it recognises is wrong there. Each probe (on a newly refreshed pool) is followed by
+    one of the first reference, drawn the same way, and only a candidate slower than the machine explains in every
+    pair, spread out in time, is a finding (engine.harness.fresh_probe.reuse_seen). Skipped where a probe batch
+    would last under FRESH_MIN_HANDSHAKES handshakes (too short to read).
 
     Where no input can be varied (integer inputs only: a changed index or count could be one the problem never
     allows), each probe's pool is a new one instead, drawn by make_inputs with secret seeds (``fresh_pool``), and
@@ -672,9 +669,10 @@ def _fresh_probe(
         return None
     candidate = timer.contenders[0]
     refreshed: list[int] = []
-    probes: list[float] = []
     pool = prepare
-    for _ in range(FRESH_PROBES):
+
+    def probe_candidate() -> float:
+        nonlocal pool
         if varied:
             refreshed.append(_SECRET.getrandbits(63))
             fresh = _refreshed_per_call(timer, candidate, calls, timed_ns, refreshed[-1])
@@ -687,29 +685,39 @@ def _fresh_probe(
             reply, data = candidate.request(p.Fetch(back=back), timeout=timer.call_timeout_s, what="fetching outputs")
             candidate.pause()  # before the reference's control batch, as after a round's fetch
             fetched.append((reply, data, asked))
-        if fresh <= FRESH_FACTOR * timed_ns:
-            return None
-        probes.append(fresh)
-    fresh = min(probes)
-    control = ""
+        return fresh / timed_ns
+
+    probe_reference: Callable[[], float] | None = None
     if len(timer.contenders) > 1:
         reference = timer.contenders[1]
         reference_ns = float(np.median(rows[:, 1]))
-        if varied:
-            again = _refreshed_per_call(timer, reference, calls, reference_ns, _SECRET.getrandbits(63))
-        else:
-            again = _new_pool_per_call(timer, reference, calls, reference_ns, pool)
-        if again > FRESH_FACTOR * reference_ns:
-            return None  # the machine, not the kernel: the reference slowed down as much
-        drawn = "inputs refreshed the same way" if varied else "a new pool drawn the same way"
-        control = f"; the reference was {again / reference_ns:.1f}x its own pace on {drawn}"
+
+        def probe_reference() -> float:
+            if varied:
+                again = _refreshed_per_call(timer, reference, calls, reference_ns, _SECRET.getrandbits(63))
+            else:
+                again = _new_pool_per_call(timer, reference, calls, reference_ns, pool)
+            return again / reference_ns
+
+    pairs = reuse_seen(probe_candidate, probe_reference)
+    if pairs is None:
+        return None
+    fastest = min(pairs, key=lambda pair: pair.candidate)
+    spread_s = sum(FRESH_PAUSE_S * 2**i for i in range(len(pairs) - 1))
+    control = ""
+    controls = [pair.reference for pair in pairs if pair.reference is not None]
+    if controls:
+        drawn = "inputs refreshed the same way" if varied else "new pools drawn the same way"
+        pace = f"{min(controls):.1f}-{max(controls):.1f}x"
+        control = f"; the reference, probed after each, ran at {pace} its own pace on {drawn}"
     return CaseEvidence(
         phase="benchmark",
         check="fresh_inputs",
         shape=prepare.shape,
         message=(
-            f"{fresh / timed_ns:.1f}x slower on inputs no call had read ({fresh / 1e3:.3g} us per call, the best of "
-            f"{len(probes)} probes) than in the timed rounds ({timed_ns / 1e3:.3g} us, their median){control}: its "
+            f"{fastest.candidate:.1f}x slower on inputs no call had read ({fastest.candidate * timed_ns / 1e3:.3g} us "
+            f"per call, the best of {len(pairs)} probes spread over {spread_s:.1f} s) "
+            f"than in the timed rounds ({timed_ns / 1e3:.3g} us, their median){control}: its "
             "timed calls did less than their work, reusing that of earlier calls on inputs it had seen (or skipping "
             "calls), which real inputs never allow; compute each call's answer from its inputs"
         ),
