@@ -1,6 +1,7 @@
 """The fresh-input probe: does it find kernels that reuse earlier calls' work, and only them, and what does it cost?
 
     .venv/bin/python bench/fresh_probe.py [--json] [--problems softmax,matmul,...] [--runs 2] [--budget-s 0.5]
+        [--conditions quiet,spinning,bursts] [--no-cost]
 
 After a shape's timed rounds the judge times the candidate on inputs no call has read (engine/harness/benchmarking.py
 _fresh_probe): a kernel much slower there than in the rounds reused work, and is `impossible`. This prints:
@@ -8,7 +9,9 @@ _fresh_probe): a kernel much slower there than in the rounds reused work, and is
   (it keeps each input slot's answer and recomputes only the rows the drift changed) must be `impossible`, the
   same loops without it `ok` (their verdicts, speedups and the finding's message);
 - false_findings, by condition: verdicts other than ok among the honest seed kernels of --problems, each timed
-  --runs times against numpy, quiet and with a busy loop on every CPU (the conditions taking turns);
+  --runs times against numpy, quiet, with a busy loop on every CPU, and with bursts of load on every CPU (three
+  loops each busy for 0.1-0.6 s, then idle for 0.05-0.3 s, at random: the load that once covered all of an
+  honest seed's probes and none of the reference's); the conditions (--conditions) take turns;
 - cost_s, by problem: the median wall time of a benchmark with the probe less one without it (the same kernel,
   the two taking turns, quiet), with each side's runs: within the machine's run-to-run spread where it is cheap.
 """
@@ -39,6 +42,17 @@ from engine.problems import Problem, load_problem
 ROOT = Path(__file__).resolve().parent.parent
 MEMO = ROOT / "tests" / "hostile" / "memoizes_changed_rows.c"
 SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+BURSTS = """import os, random, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+while True:
+    until = time.monotonic() + random.uniform(0.1, 0.6)
+    while time.monotonic() < until:
+        pass
+    time.sleep(random.uniform(0.05, 0.3))
+"""
+# Each condition's loop and how many of it run on every CPU: three bursty loops slow a kernel sharing their CPU
+# about fourfold while they are busy, past the probe's factor of two (one busy loop halves its pace).
+LOADS = {"quiet": (SPIN, 0), "spinning": (SPIN, 1), "bursts": (BURSTS, 3)}
 DEFAULT_PROBLEMS = "softmax,rmsnorm,matmul,kda,layernorm,bias_gelu,l2norm,add_rmsnorm"
 
 
@@ -70,13 +84,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     problems = [load_problem(name) for name in args.problems.split(",")]
     seeds = {problem.name: _artifact(problem, problem.seed_source(), cache) for problem in problems}
-    findings: dict[str, list[str]] = {"quiet": [], "spinning": []}
+    findings: dict[str, list[str]] = {condition: [] for condition in args.conditions.split(",")}
     counted = dict.fromkeys(findings, 0)
     for run in range(args.runs):
         for condition in findings:
-            spinning = condition == "spinning"
-            cpus = sorted(os.sched_getaffinity(0))
-            loops = [subprocess.Popen([sys.executable, "-c", SPIN, str(cpu)]) for cpu in cpus] if spinning else []
+            load, per_cpu = LOADS[condition]
+            cpus = sorted(os.sched_getaffinity(0)) * per_cpu
+            loops = [subprocess.Popen([sys.executable, "-c", load, str(cpu)]) for cpu in cpus]
             try:
                 for problem in problems:
                     report, _ = _timed(problem, seeds[problem.name], cache, args.budget_s, run)
@@ -91,7 +105,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     probe = benchmarking._fresh_probe
     cost: dict[str, Any] = {}
-    for problem in problems:
+    for problem in problems if args.cost else []:
         seconds: dict[str, list[float]] = {"with": [], "without": []}
         for run in range(args.runs + 1):
             for side in ("without", "with"):
@@ -120,7 +134,12 @@ if __name__ == "__main__":
     parser.add_argument("--problems", default=DEFAULT_PROBLEMS)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--budget-s", type=float, default=0.5)
+    parser.add_argument("--conditions", default=",".join(LOADS), help=f"of {', '.join(LOADS)}")
+    parser.add_argument("--no-cost", dest="cost", action="store_false", help="skip the cost_s measurement")
     arguments = parser.parse_args()
+    unknown = set(arguments.conditions.split(",")) - set(LOADS)
+    if unknown:
+        parser.error(f"--conditions: no condition {', '.join(sorted(unknown))}; choose from {', '.join(LOADS)}")
     result = main(arguments)
     if arguments.json:
         print(json.dumps(result, indent=2))
