@@ -41,10 +41,17 @@ from engine.problems import Problem, load_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMO = ROOT / "tests" / "hostile" / "memoizes_changed_rows.c"
-SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+# The loops end with the benchmark that started them (their parent), even one killed before it could stop them.
+SPIN = """import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+parent = os.getppid()
+while os.getppid() == parent:
+    pass
+"""
 BURSTS = """import os, random, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
-while True:
+parent = os.getppid()
+while os.getppid() == parent:
     until = time.monotonic() + random.uniform(0.1, 0.6)
     while time.monotonic() < until:
         pass
