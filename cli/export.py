@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from cli.options import search_id
-from cli.output_file import checked_output, is_stream
+from cli.output_file import checked_output, is_stream, written_whole
 from engine.connections import database_url
 from engine.database_url import check_database_url
 from engine.errors import UserError
@@ -105,18 +104,8 @@ def _export(url: str, search: str | None, file_format: str, output: Path | None)
                 shutil.copyfileobj(spool, stream)
             stream.flush()
             return end
-    with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".kf-export-", suffix=".partial", delete=False) as spool:
-        partial = Path(spool.name)
-    try:
-        with partial.open("wb") as file:
-            end = asyncio.run(_export_to(url, search, _sink(file_format, file)))
-        # The temporary file was created private (0600); the export gets the mode any new file would.
-        umask = os.umask(0)
-        os.umask(umask)
-        partial.chmod(0o666 & ~umask)
-        os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
+    with written_whole(output) as file:
+        end = asyncio.run(_export_to(url, search, _sink(file_format, file)))
     return end
 
 

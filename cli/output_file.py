@@ -7,15 +7,20 @@ file, and a file system mounted read-only passes it too. So a file is created in
 
 A name that is already something other than a regular file (``/dev/stdout``, a named pipe, a terminal) is
 written into as it stands: replacing it with a file (as a command that writes its file whole and renames it into
-place would) would remove a device node or a pipe a reader waits on.
+place would) would remove a device node or a pipe a reader waits on. A regular file is written whole
+(``written_whole``): next to its place, then renamed into it, so a write cut short (a full disk, a size limit, a
+kill) leaves the earlier file as it was and no file that looks finished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from engine.errors import UserError
 
@@ -53,3 +58,22 @@ def checked_output(option: str, value: str, example: str) -> Path:
             "choose another place"
         ) from None
     return path
+
+
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[BinaryIO]:
+    """A file to write that becomes ``path`` only when the block ends without an error; until then ``path`` keeps
+    what it held. Written into the same folder (a rename across file systems would copy) and removed on failure.
+    """
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}-", suffix=".partial", delete=False) as f:
+        partial = Path(f.name)
+    try:
+        with partial.open("wb") as file:
+            yield file
+        # The temporary file was created private (0600); the finished one gets the mode any new file would.
+        umask = os.umask(0)
+        os.umask(umask)
+        partial.chmod(0o666 & ~umask)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from cli.options import search_id
-from cli.output_file import checked_output
+from cli.output_file import checked_output, is_stream, written_whole
 from engine.connections import database_url
 from engine.errors import InfrastructureError, UserError
 from engine.report.gather import gather_report
@@ -69,7 +69,11 @@ def run_report(args: argparse.Namespace) -> int:
         sys.stdout.write(page)
         return 0
     try:
-        path.write_text(page, encoding="utf-8")
+        if is_stream(path):  # /dev/stdout, a named pipe: written into as it stands
+            path.write_text(page, encoding="utf-8")
+        else:
+            with written_whole(path) as file:
+                file.write(page.encode("utf-8"))
     except OSError as error:  # the place took a file a moment ago: a full disk, a file system gone read-only
         raise InfrastructureError(f"cannot write the report to {output!r}: {error.strerror or error}") from None
     if args.json:

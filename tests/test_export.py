@@ -506,7 +506,7 @@ async def test_export_refusals_and_an_unreachable_database(
     out = tmp_path / "never.jsonl"
     status, _, err = await asyncio.to_thread(kf_main, capsys, "export", "--all", "-o", str(out))
     assert status == 3 and "cannot connect to Postgres" in err, err
-    assert not out.exists() and not list(tmp_path.glob(".kf-export-*"))
+    assert not out.exists() and not list(tmp_path.glob(".*"))  # nor a partial one
 
 
 def test_parquet_is_not_written_to_a_terminal(tmp_path: Path) -> None:

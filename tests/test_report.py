@@ -9,6 +9,7 @@ sources, as an LLM proposer could write them: a second search for --compare, and
 from __future__ import annotations
 
 import json
+import resource
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -279,6 +280,27 @@ def test_bad_input_exits_2_and_an_unreachable_database_3(
     # Nothing listens on port 1 of the loopback: the machine's failure, not the input.
     status, _, err = report(capsys, searches.cold, "--database-url", "postgresql://kf@127.0.0.1:1/kf")
     assert status == 3 and "kf up" in err
+
+
+def test_a_report_cut_short_leaves_the_earlier_one_whole(
+    searches: Searches, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A write that fails half-way (here the process's file size limit, as a full disk would) is the machine's
+    (exit status 3); the report already at that place is kept as it was and no part of the new one is left."""
+    path = tmp_path / "r.html"
+    status, _, err = report(capsys, searches.cold, "-o", str(path), "--database-url", searches.url)
+    assert status == 0, err
+    earlier = path.read_bytes()
+    assert len(earlier) > 8192
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # Python ignores SIGXFSZ: the write fails with EFBIG
+    try:
+        status, _, err = report(capsys, searches.hostile, "-o", str(path), "--database-url", searches.url)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert status == 3 and "cannot write the report" in err, err
+    assert path.read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
 
 
 @pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
