@@ -56,7 +56,7 @@ from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
 from engine.harness.contention import CoreWatch
 from engine.harness.driver import Contender, Failed
-from engine.harness.fresh_probe import FRESH_PAUSE_S, reuse_seen
+from engine.harness.fresh_probe import probes_spread_s, reuse_seen
 from engine.harness.input_memo import memoized_inputs
 from engine.harness.machine import EXCLUSIVE_WAIT_S, MAX_POOL_BYTES, machine_limits
 from engine.harness.sandbox import CpuLease, SandboxLimits
@@ -703,7 +703,6 @@ def _fresh_probe(
     if pairs is None:
         return None
     fastest = min(pairs, key=lambda pair: pair.candidate)
-    spread_s = sum(FRESH_PAUSE_S * 2**i for i in range(len(pairs) - 1))
     control = ""
     controls = [pair.reference for pair in pairs if pair.reference is not None]
     if controls:
@@ -716,7 +715,7 @@ def _fresh_probe(
         shape=prepare.shape,
         message=(
             f"{fastest.candidate:.1f}x slower on inputs no call had read ({fastest.candidate * timed_ns / 1e3:.3g} us "
-            f"per call, the best of {len(pairs)} probes spread over {spread_s:.1f} s) "
+            f"per call, the best of {len(pairs)} probes spread over {probes_spread_s(len(pairs)):.1f} s) "
             f"than in the timed rounds ({timed_ns / 1e3:.3g} us, their median){control}: its "
             "timed calls did less than their work, reusing that of earlier calls on inputs it had seen (or skipping "
             "calls), which real inputs never allow; compute each call's answer from its inputs"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-__all__ = ["FRESH_FACTOR", "FRESH_PAUSE_S", "FRESH_PROBES", "ProbePair", "reuse_seen"]
+__all__ = ["FRESH_FACTOR", "FRESH_PAUSE_S", "FRESH_PROBES", "ProbePair", "probes_spread_s", "reuse_seen"]
 
 # This many probes at most; the candidate must be this many times slower than its rounds' median in each (and
 # this many times as slowed as the reference) to be found reusing work.
@@ -37,6 +37,16 @@ class ProbePair(NamedTuple):
     reference: float | None  # None where there is no reference to compare with
 
 
+def _pause_before_s(probe: int) -> float:
+    """The wait before probe ``probe`` (from 1): FRESH_PAUSE_S, doubled before each later one."""
+    return FRESH_PAUSE_S * 2 ** (probe - 1)
+
+
+def probes_spread_s(probes: int) -> float:
+    """Seconds of waiting between the first of ``probes`` probes and the last."""
+    return sum(_pause_before_s(probe) for probe in range(1, probes))
+
+
 def reuse_seen(
     candidate: Callable[[], float],
     reference: Callable[[], float] | None,
@@ -50,7 +60,7 @@ def reuse_seen(
     pairs: list[ProbePair] = []
     for probe in range(FRESH_PROBES):
         if probe:
-            pause(FRESH_PAUSE_S * 2 ** (probe - 1))
+            pause(_pause_before_s(probe))
         slowdown = candidate()
         if slowdown <= FRESH_FACTOR:
             return None
