@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -414,9 +414,8 @@ class Problem:
         that names the function, the shape and the fix: a user's problem.py may hold anything, and its bug is
         neither the kernel's verdict nor the harness's. A user's folder runs in its host process, every call
         with the deadline (KF_PROBLEM_CALL_S); a built-in one here, its data functions with the deadline."""
-        shown = ", ".join(_shown(a) for a in args)
-        where = f"{self.folder / 'problem.py'} {function}({shown})"
         if self.host is not None:
+            where = self._where(function, args)
             try:
                 value = self.host.call(function, args, problem_call_s())
             except HostEnded as ended:
@@ -426,18 +425,30 @@ class Problem:
                     raise self._out_of_memory(where)
                 raise ProblemDefinitionError(f"{where} {value.words(function)}")
             return value
+        with _prints_to_stderr():
+            return self._call_here(function, args)
+
+    def _call_here(self, function: str, args: tuple[Any, ...]) -> Any:
+        """``function`` of a built-in problem.py called in this process, what it prints already sent to stderr
+        (see _call)."""
         call = getattr(self.module, function)
         try:
-            with _prints_to_stderr():
-                if function not in WATCHED_FUNCTIONS:
-                    return call(*args)
-                return _watched(call, args, problem_call_s(), where)
+            if function not in WATCHED_FUNCTIONS:
+                return call(*args)
+            return _watched(call, args, problem_call_s(), self._where(function, args))
         except MemoryError:
-            raise self._out_of_memory(where) from None
+            raise self._out_of_memory(self._where(function, args)) from None
         except ProblemDefinitionError:
             raise
         except (Exception, SystemExit) as error:
+            where = self._where(function, args)
             raise ProblemDefinitionError(f"{where} raised {error!r}; fix {function}() in problem.py") from error
+
+    def _where(self, function: str, args: tuple[Any, ...]) -> str:
+        """The call as messages name it, e.g. ``…/problem.py make_inputs({'n': 4}, 'normal', 7)``. Formatted only
+        when a message needs it: template_allows is called for every setting of a product of 100,000."""
+        shown = ", ".join(_shown(a) for a in args)
+        return f"{self.folder / 'problem.py'} {function}({shown})"
 
     @staticmethod
     def _out_of_memory(where: str) -> ProblemDefinitionError:
@@ -613,7 +624,9 @@ class Problem:
         if not getattr(self.module, name, None):
             return [True] * len(settings)
         if self.host is None:
-            return [bool(self._call(name, s)) for s in settings]
+            # One redirection of what it prints for the lot (see _call).
+            with _prints_to_stderr():
+                return [bool(self._call_here(name, (s,))) for s in settings]
         where = f"{self.folder / 'problem.py'} {name}"
         try:
             answers = self.host.map(name, [(s,) for s in settings], problem_call_s())
@@ -645,6 +658,12 @@ class Problem:
     def fingerprint(self) -> str:
         """Hash of the problem folder's files: evidence records which definition judged a candidate."""
         return folder_fingerprint(self.folder)
+
+    def space_identity(self) -> Hashable:
+        """What this view's template space is a function of (caches of what is derived from the space are keyed on
+        it): the folder, the backend and the folder's content. By content rather than by the Problem: a worker
+        loads the problem afresh for every step, and a folder whose files are unchanged has the same space."""
+        return (str(self.folder), self.backend, self.fingerprint())
 
 
 def folder_fingerprint(folder: Path) -> str:

@@ -7,8 +7,10 @@ were written), so a problem's growing template space changes neither what they c
 from __future__ import annotations
 
 import math
+import shutil
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from engine.evidence.lessons import ChangePrior, SettingEvidence
@@ -362,3 +364,29 @@ def test_the_explorer_counts_each_reading_for_less_than_the_fit_does() -> None:
     assert posterior.scales.model_sd == MODEL_SD < EXPLORER_MODEL_SD == explorer.scales.model_sd
     nt = posterior.features.index["NT=1"]
     assert explorer.covariance()[nt, nt] > posterior.covariance()[nt, nt]
+
+
+def test_a_template_space_is_enumerated_once_per_definition_and_anew_when_its_folder_changes(tmp_path: Path) -> None:
+    # The space (and the proposer's ids and feature rows of it) are kept by the folder's content, not by the loaded
+    # Problem: a worker loads the problem afresh for every step. An edit of problem.py must show at once.
+    folder = tmp_path / "my_l2norm"
+    shutil.copytree(load_problem("l2norm").folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = template_space(load_problem(str(folder)))
+    assert before == template_space(load_problem(str(folder)))
+    assert any(s["VEC"] == 512 for s in before)
+    with (folder / "problem.py").open("a") as module:
+        module.write(
+            "\n_allows = template_allows\n\n\n"
+            "def template_allows(params):\n"
+            "    return _allows(params) and params['VEC'] != 512\n"
+        )
+    edited = load_problem(str(folder))
+    after = template_space(edited)
+    assert after == [s for s in before if s["VEC"] != 512]
+    context = ProposalContext(search_id="s", problem=edited.name, target="cpu", generation=1, count=8, seed=3)
+    picks = SearchProposer().propose(edited, context)
+    assert len(picks) == 8 and all(c.params["VEC"] != 512 for c in picks)
+    # A replay's view of the same folder has a space of its own, whichever is asked first.
+    narrow = fixed_space(edited, {"VEC": [256], "ACC": [1, 2]})
+    assert template_space(narrow) == [{"ACC": 1, "VEC": 256}, {"ACC": 2, "VEC": 256}]
+    assert template_space(edited) == after

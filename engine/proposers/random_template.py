@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import functools
+import collections
 import itertools
-from typing import Any
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -12,16 +14,51 @@ from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.search.candidates import Candidate
 
+T = TypeVar("T")
+
 
 def template_space(problem: Problem) -> list[dict[str, Any]]:
     """Every parameter setting the template allows, in a stable order."""
     return [dict(s) for s in _allowed_settings(problem)]
 
 
-@functools.lru_cache(maxsize=32)
+SPACES_KEPT = 32
+"""Template spaces (and what the proposers derive from them) kept per process: one per problem and backend
+searched lately."""
+
+
+class SpaceCache(Generic[T]):
+    """What is derived from a template space, kept by a key that starts with its Problem.space_identity(): the
+    SPACES_KEPT most recently used."""
+
+    def __init__(self) -> None:
+        self._kept: collections.OrderedDict[Hashable, T] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, derive: Callable[[], T]) -> T:
+        """The value kept under ``key``, derived (outside the lock: it may take a second) when none is."""
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+        value = derive()
+        with self._lock:
+            self._kept[key] = value
+            while len(self._kept) > SPACES_KEPT:
+                self._kept.popitem(last=False)
+        return value
+
+
+_SETTINGS: SpaceCache[tuple[dict[str, Any], ...]] = SpaceCache()
+
+
 def _allowed_settings(problem: Problem) -> tuple[dict[str, Any], ...]:
-    # A widened space has thousands of settings in a product of tens of thousands: enumerated once per loaded
-    # problem (a Problem is immutable; loading a folder again gives a new one), not at every proposal.
+    # A widened space has thousands of settings in a product of tens of thousands: enumerated once per problem
+    # definition, not at every proposal.
+    return _SETTINGS.get(problem.space_identity(), lambda: _enumerate(problem))
+
+
+def _enumerate(problem: Problem) -> tuple[dict[str, Any], ...]:
     names = sorted(problem.template_params)
     settings = [
         dict(zip(names, values, strict=True))

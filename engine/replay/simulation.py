@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,9 @@ class RecordedSpace(Problem):
 
     def render_template(self, params: dict[str, Any]) -> str:
         return f"/* {self.name}: replayed template setting {setting_key(params)} */\n"
+
+    def space_identity(self) -> Hashable:
+        return (super().space_identity(), self.recorded_params, self.recorded)
 
 
 def fixed_space(
