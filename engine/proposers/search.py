@@ -55,7 +55,7 @@ from engine.evidence.lessons_projection import change_of
 from engine.harness.verdicts import LEGACY_METHOD, measurement_method
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext
-from engine.proposers.random_template import template_candidate, template_space
+from engine.proposers.random_template import SpaceCache, template_candidate, template_space
 from engine.proposers.surrogate import (
     MODEL_SD,
     Features,
@@ -66,7 +66,7 @@ from engine.proposers.surrogate import (
     fit_with_transfer,
     transferred_means,
 )
-from engine.search.candidates import Candidate
+from engine.search.candidates import Candidate, candidate_id
 
 CORRECT_PRIOR = (3.0, 1.0)
 """Beta prior of P(correct) for a template value: templates are written to be correct, mostly."""
@@ -193,16 +193,6 @@ def correctness_of(prior: ChangePrior | None) -> _Correctness:
     )
 
 
-@dataclass(frozen=True)
-class _Option:
-    params: dict[str, Any]
-    candidate: Candidate
-
-
-def _distance(a: dict[str, Any], b: dict[str, Any]) -> int:
-    return sum(a.get(k) != v for k, v in b.items()) + sum(k not in b for k in a)
-
-
 class SearchProposer:
     """Bayesian optimisation with a pairwise surrogate model: the posterior mean's best settings, and upper
     bounds around the incumbent and anywhere, which try the values and pairs the model is least sure of."""
@@ -222,18 +212,11 @@ class SearchProposer:
             context.machine,
         )
         parent_id = context.incumbent.candidate_id if context.incumbent else None
-        fresh = [
-            option
-            for option in (
-                _Option(
-                    params,
-                    template_candidate(problem, params, context.flags, proposer=self.name, parent_id=parent_id),
-                )
-                for params in space
-            )
-            if option.candidate.candidate_id not in seen
-        ]
+        ids = _setting_ids(problem, space, context.flags)
+        fresh = np.array([i for i, candidate_id in enumerate(ids) if candidate_id not in seen], dtype=np.int64)
         posterior, explorer, transferred = model_of(problem, context.lessons, EXPLORE_PAIR_FACTOR)
+        features = posterior.features
+        x = _setting_matrix(problem, space, features)[fresh].astype(np.float64)
         priors = _priors(context.lessons)
         values = sorted({change_of(k, v) for params in space for k, v in params.items()})
         correctness = {value: correctness_of(priors.get(value)) for value in values}
@@ -245,68 +228,69 @@ class SearchProposer:
         # the next upper-bound pick then looks elsewhere instead of next to the last one.
         covariance = explorer.covariance()
         believed_noise = posterior.scales.noise_sd**2 + MODEL_SD**2
-        # ln P(correct) of each value at its posterior mean: a value that often failed weighs a setting down.
-        correct = {v: math.log(c.alpha / (c.alpha + c.beta)) for v, c in correctness.items()}
+        # Every fresh setting's predictions at once; each pick then updates their spreads by its rank-one change
+        # of the covariance (a matrix-vector product) instead of recomputing them over the pool.
+        predicted_mean = x @ posterior.mean
+        explorer_mean = x @ explorer.mean
+        variance = ((x @ covariance) * x).sum(axis=1)
+        # ln P(correct) of each value at its posterior mean (a value that often failed weighs a setting down), less
+        # the dead-end penalty: a sum over the setting's values, so a product with its main-effect columns.
+        correct = x @ features.vector(
+            {
+                value: math.log(c.alpha / (c.alpha + c.beta)) - (DEAD_END_PENALTY if c.dead_end else 0.0)
+                for value, c in correctness.items()
+            }
+        )
+        distance = _distances(space, fresh, incumbent) if incumbent and NEIGHBOURHOOD else None
+        alive = np.ones(len(fresh), dtype=bool)
         # ``seen`` holds every candidate the search evaluated (the seed among them): where it stands in its budget.
         exploiting = exploit_picks(len(set(context.seen)), context.count) if informed else 0
         # A search its family informs follows the family's lessons more closely until it has its own evidence.
         kappa = TRANSFER_UCB_KAPPA if transferred and posterior.observations < COVERING_SETTINGS else UCB_KAPPA
         picks: list[Candidate] = []
         for index in range(context.count):
-            if not fresh:
+            if not alive.any():
                 break
-            neighbours = _neighbours(fresh, incumbent) if incumbent and NEIGHBOURHOOD else []
+            neighbours = _neighbours(distance, alive) if distance is not None else np.zeros(0, dtype=np.int64)
             covering = bool(uncovered) and index >= exploiting
-            if covering and not any(_changes(o.params) & uncovered for o in neighbours):
-                # Nothing near the incumbent tries what is left untried (a sparse or huge space): look anywhere.
-                neighbours = []
+            if covering and len(neighbours):
+                tries = x[neighbours] @ features.vector(dict.fromkeys(uncovered, 1.0))
+                if not (tries > 0).any():
+                    # Nothing near the incumbent tries what is left untried (a sparse or huge space): look anywhere.
+                    neighbours = np.zeros(0, dtype=np.int64)
             if index < exploiting:
                 # The best setting the model knows of, anywhere: with a model of pairs, the posterior mean is
                 # a fair guess far from the incumbent too, and a space sampled sparsely has few neighbours.
-                mode, pool = "exploit-mean", fresh
+                mode, pool = "exploit-mean", np.flatnonzero(alive)
             else:
-                mode = "exploit" if neighbours and index % 2 == 1 else "explore"
-                pool = neighbours if mode == "exploit" else fresh
-            x = posterior.features.matrix(o.params for o in pool)
+                mode = "exploit" if len(neighbours) and index % 2 == 1 else "explore"
+                pool = neighbours if mode == "exploit" else np.flatnonzero(alive)
             if mode == "exploit-mean":
-                speed = x @ posterior.mean
+                speed = predicted_mean[pool]
             else:
                 # Upper bounds come from the explorer: a setting's bound must not be ruled out by one slow
                 # reading of a pair that was blamed on a value's main effect.
-                spread = np.sqrt(np.maximum(((x @ covariance) * x).sum(axis=1), 0.0))
-                speed = x @ explorer.mean + kappa * spread
+                speed = explorer_mean[pool] + kappa * np.sqrt(np.maximum(variance[pool], 0.0))
             # Ties (no evidence yet) are broken at random, not by the space's order.
             jitter = rng.uniform(0.0, 1e-9, len(pool))
-            scores = [
-                float(speed[i]) + self._correct_score(o.params, correct, correctness) + float(jitter[i])
-                for i, o in enumerate(pool)
-            ]
-            best = int(np.argmax(scores))
-            chosen = pool[best]
+            best = int(pool[int(np.argmax(speed + correct[pool] + jitter))])
             lever = covariance @ x[best]
-            covariance = covariance - np.outer(lever, lever) / (float(x[best] @ lever) + believed_noise)
-            fresh.remove(chosen)
-            newly = sorted(_changes(chosen.params) & uncovered) if covering else []
+            spent = float(x[best] @ lever) + believed_noise
+            variance -= (x @ lever) ** 2 / spent
+            covariance = covariance - np.outer(lever, lever) / spent
+            alive[best] = False
+            params = space[int(fresh[best])]
+            newly = sorted(_changes(params) & uncovered) if covering else []
             uncovered -= set(newly)
             # The rationale quotes the posterior mean's prediction: a single draw's level can be anything.
-            predicted = float(x[best] @ posterior.mean)
-            rationale = self._rationale(chosen.params, incumbent, mode, predicted, posterior.observations, transferred)
+            rationale = self._rationale(
+                params, incumbent, mode, float(predicted_mean[best]), posterior.observations, transferred
+            )
             if newly:
                 rationale += f"; tries untried {', '.join(newly)}"
-            picks.append(chosen.candidate.model_copy(update={"rationale": rationale}))
+            candidate = template_candidate(problem, params, context.flags, proposer=self.name, parent_id=parent_id)
+            picks.append(candidate.model_copy(update={"rationale": rationale}))
         return picks
-
-    @staticmethod
-    def _correct_score(
-        params: dict[str, Any], correct: dict[str, float], correctness: dict[str, _Correctness]
-    ) -> float:
-        total = 0.0
-        for name, value in params.items():
-            change = change_of(name, value)
-            total += correct[change]
-            if correctness[change].dead_end:
-                total -= DEAD_END_PENALTY
-        return total
 
     @staticmethod
     def _rationale(
@@ -334,16 +318,49 @@ class SearchProposer:
         return f"explore: upper bound over the template space chose {setting}; {guess}"
 
 
-def _neighbours(fresh: list[_Option], incumbent: dict[str, Any]) -> list[_Option]:
-    """The settings of ``fresh`` an exploiting pick chooses from: those one to NEIGHBOURHOOD parameters from
-    ``incumbent``, or where fewer than NEIGHBOURS_AT_LEAST are, the nearest NEIGHBOURS_AT_LEAST and any as near
-    as the last of them."""
-    distances = [_distance(o.params, incumbent) for o in fresh]
-    near = sorted(d for d in distances if d >= 1)
-    if not near:
-        return []
-    reach = max(NEIGHBOURHOOD, near[min(NEIGHBOURS_AT_LEAST, len(near)) - 1])
-    return [o for o, d in zip(fresh, distances, strict=True) if 1 <= d <= reach]
+def _neighbours(distance: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """The positions (among the fresh settings whose ``distance`` from the incumbent is given) an exploiting pick
+    chooses from, in order: those still ``alive`` one to NEIGHBOURHOOD parameters from the incumbent, or where
+    fewer than NEIGHBOURS_AT_LEAST are, the nearest NEIGHBOURS_AT_LEAST and any as near as the last of them."""
+    candidates = alive & (distance >= 1)
+    near = np.sort(distance[candidates])
+    if not len(near):
+        return np.zeros(0, dtype=np.int64)
+    reach = max(NEIGHBOURHOOD, int(near[min(NEIGHBOURS_AT_LEAST, len(near)) - 1]))
+    return np.flatnonzero(candidates & (distance <= reach))
+
+
+def _distances(space: list[dict[str, Any]], fresh: np.ndarray, incumbent: dict[str, Any]) -> np.ndarray:
+    """How many parameters each fresh setting (positions ``fresh`` of ``space``) sets otherwise than
+    ``incumbent``, a parameter only one of them has counting too."""
+    return np.array(
+        [
+            sum(params.get(k) != v for k, v in incumbent.items()) + sum(k not in incumbent for k in params)
+            for params in (space[int(i)] for i in fresh)
+        ],
+        dtype=np.int64,
+    )
+
+
+_IDS: SpaceCache[tuple[str, ...]] = SpaceCache()
+_MATRICES: SpaceCache[np.ndarray] = SpaceCache()
+
+
+def _setting_ids(problem: Problem, space: list[dict[str, Any]], flags: list[str] | None) -> tuple[str, ...]:
+    """The candidate id each setting of ``space`` renders to with ``flags``: rendering and hashing thousands of
+    sources takes a second, done once per space and flags rather than at every proposal."""
+    return _IDS.get(
+        (problem.space_identity(), None if flags is None else tuple(flags)),
+        lambda: tuple(candidate_id(problem.render_template(params), flags) for params in space),
+    )
+
+
+def _setting_matrix(problem: Problem, space: list[dict[str, Any]], features: Features) -> np.ndarray:
+    """The surrogate's feature rows of every setting of ``space`` (0/1, as bytes: a space of 6,000 settings
+    and 550 features holds 3 MB), once per space."""
+    return _MATRICES.get(
+        (problem.space_identity(), tuple(features.names)), lambda: features.matrix(space).astype(np.uint8)
+    )
 
 
 def exploit_picks(evaluated: int, count: int) -> int:
