@@ -390,3 +390,38 @@ def test_a_template_space_is_enumerated_once_per_definition_and_anew_when_its_fo
     narrow = fixed_space(edited, {"VEC": [256], "ACC": [1, 2]})
     assert template_space(narrow) == [{"ACC": 1, "VEC": 256}, {"ACC": 2, "VEC": 256}]
     assert template_space(edited) == after
+
+
+def test_a_transfer_search_tries_its_familys_fastest_settings_and_stops_where_they_are_slow() -> None:
+    rmsnorm = problem_of("rmsnorm")
+    # Softmax measured every setting of its small space: FUSED=0 NT=1 UNROLL=8 ran fastest, FUSED=0 NT=1 next.
+    softmax = measured(
+        "softmax", lambda p: 2.0 * (1.6 if (p["FUSED"], p["NT"]) == (0, 1) else 1.0) * (1.2 if p["UNROLL"] == 8 else 1)
+    )
+    fastest = max(softmax, key=lambda s: s["log_speedup_mean"])["params"]
+    shared = {k: v for k, v in fastest.items() if k in SPACES["rmsnorm"]}
+    for seed in range(10):
+        first = SearchProposer().propose(rmsnorm, context(1, seed, lessons={"settings": softmax}, seen=["seed"]))
+        # The generation's posterior-mean pick is the setting that shares every value of softmax's fastest.
+        assert {k: first[0].params[k] for k in shared} == shared, first[0].params
+        assert "softmax's fastest measured settings" in first[0].rationale
+    # rmsnorm's own readings: the one setting like the favourite is its slowest (the family misleads here) ...
+    liked = next(s for s in template_space(rmsnorm) if all(s[k] == v for k, v in shared.items()))
+    own = [
+        SettingEvidence(
+            problem="rmsnorm",
+            candidate_id=f"own-{i}",
+            params=params,
+            n=1,
+            log_speedup_mean=math.log(0.5 if params == liked else 2.0 + i / 10),
+            log_speedup_var=0.0,
+        ).model_dump(mode="json")
+        for i, params in enumerate([liked, *template_space(rmsnorm)[:3]])
+    ]
+    seen = ["seed", *(s["candidate_id"] for s in own)]
+    later = SearchProposer().propose(rmsnorm, context(2, 0, lessons={"settings": softmax + own}, seen=seen))
+    assert all("fastest measured settings" not in c.rationale for c in later)
+    # ... and where it is the fastest, the search goes on to the next favourite.
+    own[0]["log_speedup_mean"] = math.log(4.0)
+    followed = SearchProposer().propose(rmsnorm, context(2, 0, lessons={"settings": softmax + own}, seen=seen))
+    assert "softmax's fastest measured settings" in followed[0].rationale

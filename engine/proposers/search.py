@@ -13,7 +13,10 @@ only when nothing else is left.
 Each generation:
 - one evaluation in every EXPLOIT_PERIOD of the search exploits, whatever the size of its generations (first
   in its generation): the best setting under the posterior mean (once there is any evidence), anywhere in the
-  space;
+  space. In a search its family informs, until the problem has COVERING_SETTINGS measured settings of its own,
+  these picks take the family's fastest measured settings in turn instead (family_favourites: the setting of the
+  space that shares most of a favourite's values), for as long as the problem's own readings of them are not
+  among its slower ones;
 - the other picks take the best upper bound (mean + UCB_KAPPA spreads; TRANSFER_UCB_KAPPA in a search its
   family's lessons inform, until it has COVERING_SETTINGS measured settings of its own) under the explorer, the same fit
   with pair spreads EXPLORE_PAIR_FACTOR times wider, each reading counting for less (what the model leaves
@@ -160,6 +163,18 @@ spreads took 11 and 10, 12 and 10.5; rmsnorm 13 (11.5, 6) either way: its optimu
 sibling's template has, so the family cannot point at it; softmax 13.5 and 14 (10, 4), from 17 and 16.5: its
 optimum (SIMD=1 with FUSED=1) is where the norms' favourites are not."""
 
+FAMILY_FAVOURITES = 2
+"""Fastest measured settings of each other problem of the family that a transfer search's posterior-mean picks take
+first (see family_favourites), while the problem has fewer than COVERING_SETTINGS measured settings of its own.
+Replayed leave-one-out on this machine's five row-reduction landscapes (bench/search_quality.py, 30 cold and 15-20
+transfer searches per problem; transfer score at budget 16, 0 = random search, 1 = the optimum), without the
+favourites and with them, seeds 0-14: add_rmsnorm 0.71 -> 0.86, l2norm 0.02 -> 0.48, layernorm 0.46 -> 0.64,
+rmsnorm 0.76 -> 0.92, softmax -0.02 -> -0.27; seeds 1000-1019: 0.77 -> 0.69, 0.20 -> 0.42, 0.75 -> 0.86, 0.92 ->
+0.92, -0.15 -> -0.03 (mean over the five 0.39 -> 0.53 and 0.50 -> 0.57). Evaluations to 95% of the optimum over the
+cold search's: l2norm 1.6 -> 1.3 and 1.81 -> 1.68, layernorm 1.04 -> 0.46 and 0.39 -> 0.30; the others within a
+tenth. Three spreads on the upper bounds of a transfer search too (TRANSFER_UCB_KAPPA 3) scored 0.56 on the first
+set, within its noise: not taken."""
+
 COVERING_SETTINGS = 12
 """Measured settings of the problem itself after which the explorer's main effects are the fitted ones, and a
 transfer search's upper bounds take UCB_KAPPA spreads instead of TRANSFER_UCB_KAPPA."""
@@ -242,6 +257,8 @@ class SearchProposer:
             }
         )
         distance = _distances(space, fresh, incumbent) if incumbent and NEIGHBOURHOOD else None
+        favourites = family_favourites(problem, context.lessons) if transferred else []
+        following = bool(favourites) and _family_holds(posterior, problem, context.lessons, favourites)
         alive = np.ones(len(fresh), dtype=bool)
         # ``seen`` holds every candidate the search evaluated (the seed among them): where it stands in its budget.
         exploiting = exploit_picks(len(set(context.seen)), context.count) if informed else 0
@@ -258,14 +275,25 @@ class SearchProposer:
                 if not (tries > 0).any():
                     # Nothing near the incumbent tries what is left untried (a sparse or huge space): look anywhere.
                     neighbours = np.zeros(0, dtype=np.int64)
-            if index < exploiting:
+            favourite = None
+            if index < exploiting and following:
+                # The family's fastest settings, in turn: the search's how-manyth posterior-mean pick this is.
+                turn = (len(set(context.seen)) + index) // EXPLOIT_PERIOD
+                favourite = favourites[turn] if turn < len(favourites) else None
+            if favourite is not None:
+                # The setting that shares most of the favourite's values (the space may not hold the favourite
+                # itself: another problem's template, a sampled space), the posterior mean among those.
+                mode, pool = "exploit-family", np.flatnonzero(alive)
+                agreement = np.array([_agreement(space[int(fresh[i])], favourite.params) for i in pool])
+                pool = pool[agreement == agreement.max()]
+            elif index < exploiting:
                 # The best setting the model knows of, anywhere: with a model of pairs, the posterior mean is
                 # a fair guess far from the incumbent too, and a space sampled sparsely has few neighbours.
                 mode, pool = "exploit-mean", np.flatnonzero(alive)
             else:
                 mode = "exploit" if len(neighbours) and index % 2 == 1 else "explore"
                 pool = neighbours if mode == "exploit" else np.flatnonzero(alive)
-            if mode == "exploit-mean":
+            if mode in ("exploit-mean", "exploit-family"):
                 speed = predicted_mean[pool]
             else:
                 # Upper bounds come from the explorer: a setting's bound must not be ruled out by one slow
@@ -286,6 +314,8 @@ class SearchProposer:
             rationale = self._rationale(
                 params, incumbent, mode, float(predicted_mean[best]), posterior.observations, transferred
             )
+            if favourite is not None:
+                rationale += f"; after {favourite.problem}'s fastest measured settings ({favourite.shown})"
             if newly:
                 rationale += f"; tries untried {', '.join(newly)}"
             candidate = template_candidate(problem, params, context.flags, proposer=self.name, parent_id=parent_id)
@@ -308,14 +338,20 @@ class SearchProposer:
         if transferred:
             source += f", priors from {', '.join(transferred)}"
         guess = f"predicted {math.exp(predicted):.2f}x numpy ({source})"
-        if mode in ("exploit", "exploit-mean") and incumbent is not None:
+        if mode in ("exploit", "exploit-mean", "exploit-family") and incumbent is not None:
             moves = ", ".join(f"{k} {incumbent.get(k)}→{v}" for k, v in sorted(params.items()) if incumbent.get(k) != v)
-            how = "posterior mean" if mode == "exploit-mean" else "upper bound"
+            how = _HOW.get(mode, "upper bound")
             return f"exploit: the incumbent with {moves} ({how}); {guess}"
         setting = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         if mode == "exploit-mean":
             return f"exploit: best setting under the posterior mean, {setting}; {guess}"
+        if mode == "exploit-family":
+            return f"exploit: nearest setting to the family's favourite, {setting}; {guess}"
         return f"explore: upper bound over the template space chose {setting}; {guess}"
+
+
+_HOW = {"exploit-mean": "posterior mean", "exploit-family": "the family's favourite"}
+"""How an exploiting pick chose, as its rationale says."""
 
 
 def _neighbours(distance: np.ndarray, alive: np.ndarray) -> np.ndarray:
@@ -361,6 +397,97 @@ def _setting_matrix(problem: Problem, space: list[dict[str, Any]], features: Fea
     return _MATRICES.get(
         (problem.space_identity(), tuple(features.names)), lambda: features.matrix(space).astype(np.uint8)
     )
+
+
+@dataclass(frozen=True)
+class Favourite:
+    """One of the fastest measured settings of another problem of the family."""
+
+    problem: str
+    params: dict[str, Any]
+    behind: float
+    """How far it is behind that problem's fastest measured setting, in ln(speedup) (0 for the fastest)."""
+    consensus: float
+    """The share of parameter values it has in common with the other problems' fastest settings (0-1)."""
+
+    @property
+    def shown(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+
+
+def family_favourites(problem: Problem, lessons: dict[str, Any] | None) -> list[Favourite]:
+    """The FAMILY_FAVOURITES fastest measured settings of each other problem of ``problem``'s family in
+    ``lessons``, in the order a transfer search tries them: each problem's fastest first, then their second, ...;
+    within a rank, those that share the most values with the other problems' fastest settings first (what the
+    family agrees on), then the nearer their problem's fastest.
+
+    Why: the transferred prior means (model_of) are effects a sibling's model fitted to a few readings, shrunk
+    towards nothing by its empirical Bayes; replayed leave-one-out on this machine's row-reduction landscapes they
+    moved hardly any effect by more than 0.05 in ln, while the siblings' fastest settings share most of their
+    values with the problem's own optimum (streaming stores in the two-pass form, the pipelined loop, blocks of
+    rows). A setting that ran fastest carries that directly."""
+    by_problem: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for setting in (lessons or {}).get("settings") or []:
+        if setting.get("problem") != problem.name and setting.get("params") and int(setting.get("n", 0)) > 0:
+            by_problem[str(setting["problem"])].append(setting)
+    ranked: dict[str, list[dict[str, Any]]] = {
+        name: sorted(rows, key=lambda r: (-float(r["log_speedup_mean"]), str(r["candidate_id"])))
+        for name, rows in sorted(by_problem.items())
+    }
+    bests = {name: dict(rows[0]["params"]) for name, rows in ranked.items()}
+    names = set(problem.template_params)
+    favourites: list[Favourite] = []
+    for rank in range(FAMILY_FAVOURITES):
+        tier = []
+        for name, rows in ranked.items():
+            if rank >= len(rows):
+                continue
+            params = {k: v for k, v in dict(rows[rank]["params"]).items() if k in names}
+            if not params:
+                continue
+            others = [_agreement(params, best) / len(params) for other, best in bests.items() if other != name]
+            tier.append(
+                Favourite(
+                    problem=name,
+                    params=params,
+                    behind=float(rows[0]["log_speedup_mean"]) - float(rows[rank]["log_speedup_mean"]),
+                    consensus=sum(others) / len(others) if others else 0.0,
+                )
+            )
+        favourites += sorted(tier, key=lambda f: (-f.consensus, f.behind, f.problem))
+    return favourites
+
+
+FAVOURITE_LIKE = 0.8
+"""Share of a favourite's parameter values a measured setting must share to count as a test of that favourite."""
+
+
+def _family_holds(
+    posterior: Posterior | Mixture, problem: Problem, lessons: dict[str, Any] | None, favourites: list[Favourite]
+) -> bool:
+    """Whether a transfer search still follows its family's favourites: while the problem has fewer than
+    COVERING_SETTINGS measured settings of its own, and the fastest of those that test a favourite (share
+    FAVOURITE_LIKE of its values) is at least as fast as the median of them all. A problem whose fast settings are
+    not its family's (softmax among the norms) stops after its first reading of one; the mixture's weight cannot
+    say so, since the family's transferred means are near zero."""
+    if posterior.observations >= COVERING_SETTINGS:
+        return False
+    own = [
+        (dict(setting["params"]), float(setting["log_speedup_mean"]))
+        for setting in (lessons or {}).get("settings") or []
+        if setting.get("problem") == problem.name and setting.get("params") and int(setting.get("n", 0)) > 0
+    ]
+    tested = [
+        value
+        for params, value in own
+        if any(_agreement(params, f.params) >= FAVOURITE_LIKE * len(f.params) for f in favourites)
+    ]
+    return not tested or max(tested) >= float(np.median([value for _, value in own]))
+
+
+def _agreement(params: dict[str, Any], other: dict[str, Any]) -> int:
+    """How many of ``other``'s parameter values ``params`` shares."""
+    return sum(1 for k, v in other.items() if k in params and params[k] == v)
 
 
 def exploit_picks(evaluated: int, count: int) -> int:
