@@ -1,0 +1,37 @@
+"""bench/proposal_cost.py: it times real proposals of the asked size on a problem's whole space, and refuses a name
+that is not a built-in problem before measuring anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.problems import load_problem
+from engine.proposers.random_template import template_space
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_each_problem_gets_its_space_size_and_its_proposals_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import proposal_cost
+
+    row = proposal_cost.measure("kda", 3, 2)
+    assert row["space_settings"] == len(template_space(load_problem("kda")))
+    low, high = row["propose_ms_spread"]
+    assert 0 < low <= row["propose_ms"] <= high
+    # Asked for more than the space holds, a proposal offers every setting once.
+    assert proposal_cost.proposal_ms("kda", 1, row["space_settings"] + 10) > 0
+
+
+def test_an_unknown_problem_is_refused_before_anything_is_measured(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import proposal_cost
+
+    with pytest.raises(SystemExit) as stopped:
+        proposal_cost.main(["--problems", "kda,no_such_problem"])
+    assert stopped.value.code == 2
+    assert "no built-in CPU problem named no_such_problem; choose from" in capsys.readouterr().err
