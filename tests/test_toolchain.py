@@ -279,3 +279,9 @@ def test_the_patience_rule_stretches_a_running_compile_and_stops_a_stalled_or_en
     while working.decide(elapsed, reading(cpu_s)) is None and elapsed < 100:
         elapsed, cpu_s = elapsed + 1, cpu_s + 0.5  # half a CPU: its share of the limit in 8 more seconds
     assert (working.stop, elapsed) == ("timeout", 18.0) and "kept a CPU busy" in working.reason()
+    # A short limit: a quarter of it would be one reading, and a compile at a tenth of a CPU can gain no clock tick
+    # between two; it is held only after STALL_READINGS readings without CPU time.
+    short = compile_patience.CompilePatience(2)
+    assert short.decide(2, reading(0.1)) is None
+    assert short.decide(2.5, reading(0.1)) is None and short.decide(3.0, reading(0.1)) is None
+    assert short.decide(3.5, reading(0.1)) == "held"

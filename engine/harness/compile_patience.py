@@ -33,11 +33,17 @@ STRETCH = 4.0
 loaded to judge (a compile given less than HAD_ITS_CPU / STRETCH of a CPU, an eighth)."""
 
 STALL_S = 10.0
-"""Seconds without any CPU time after which a compile past its limit is held (at most a quarter of the limit):
+"""Seconds without any CPU time after which a compile past its limit is held (at most a quarter of the limit, see
+CompilePatience.stall_s):
 a paused or stalled compiler gains none, a slowed one gains some every second."""
 
 CHECK_S = 0.5
 """Seconds between readings of a compile's CPU time once it is past its limit."""
+
+STALL_READINGS = 3
+"""Fewest readings (CHECK_S apart) without CPU time that make a compile held, whatever its limit: with a short limit
+(a quarter of 2 s is one reading) a compile slowed to a tenth of a CPU on a busy machine could gain not one clock
+tick between two readings and be held while it was running (CI, tests/test_toolchain.py)."""
 
 PROGRESS_S = 0.01
 """CPU seconds gained since the last reading that count as running."""
@@ -68,8 +74,9 @@ class CompilePatience:
 
     @property
     def stall_s(self) -> float:
-        """Seconds without CPU time after which a compile past its limit is held."""
-        return min(STALL_S, self.limit_s / 4)
+        """Seconds without CPU time after which a compile past its limit is held: a quarter of the limit, at most
+        STALL_S and at least STALL_READINGS readings."""
+        return min(STALL_S, max(self.limit_s / 4, STALL_READINGS * CHECK_S))
 
     def decide(self, elapsed_s: float, read_cpu: Callable[[], float | None]) -> Stop | None:
         """Whether the compile must stop now, ``elapsed_s`` into it; ``read_cpu`` gives the CPU seconds it has run
