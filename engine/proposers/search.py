@@ -261,7 +261,8 @@ class SearchProposer:
         following = bool(favourites) and _family_holds(posterior, problem, context.lessons, favourites)
         alive = np.ones(len(fresh), dtype=bool)
         # ``seen`` holds every candidate the search evaluated (the seed among them): where it stands in its budget.
-        exploiting = exploit_picks(len(set(context.seen)), context.count) if informed else 0
+        evaluated = len(set(context.seen))
+        exploiting = exploit_picks(evaluated, context.count) if informed else 0
         # A search its family informs follows the family's lessons more closely until it has its own evidence.
         kappa = TRANSFER_UCB_KAPPA if transferred and posterior.observations < COVERING_SETTINGS else UCB_KAPPA
         picks: list[Candidate] = []
@@ -278,7 +279,7 @@ class SearchProposer:
             favourite = None
             if index < exploiting and following:
                 # The family's fastest settings, in turn: the search's how-manyth posterior-mean pick this is.
-                turn = (len(set(context.seen)) + index) // EXPLOIT_PERIOD
+                turn = (evaluated + index) // EXPLOIT_PERIOD
                 favourite = favourites[turn] if turn < len(favourites) else None
             if favourite is not None:
                 # The setting that shares most of the favourite's values (the space may not hold the favourite
