@@ -36,6 +36,7 @@ from threadpoolctl import threadpool_limits
 from engine.config import problem_call_s
 from engine.errors import ProblemDefinitionError, UnknownProblemError, UserError
 from engine.harness.protocol import bf16_rounded
+from engine.problem_fingerprint import folder_fingerprint
 from engine.problem_host import HostedModule, HostEnded, ProblemHost, Raised, forget, host_for
 from kernels import SUITE_DIR
 
@@ -664,15 +665,6 @@ class Problem:
         it): the folder, the backend and the folder's content. By content rather than by the Problem: a worker
         loads the problem afresh for every step, and a folder whose files are unchanged has the same space."""
         return (str(self.folder), self.backend, self.fingerprint())
-
-
-def folder_fingerprint(folder: Path) -> str:
-    """Hash of a problem folder's files (its .py, .c, .h, .cu and .json files, by name and content)."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.suffix in (".py", ".c", ".h", ".cu", ".json"):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def builtin_problems(backend: str | None = None) -> list[str]:
