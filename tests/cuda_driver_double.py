@@ -15,7 +15,11 @@ parameter block points at:
 - ``refused``: the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
 - ``memoizes_by_buffer``: remembers its first answer for each set of input buffers and, on later launches on
   the same buffers, writes that answer back with only its first element computed afresh (a kernel that bets
-  the harness's drift only ever changes element 0).
+  the harness's drift only ever changes element 0);
+- ``reuses_work``: right every time, but does its work (a sleep of REUSED_WORK_S) only on inputs it has not
+  seen: on buffers whose content differs from what it saw there last in at most a few elements (the judge's
+  drift) it "patches" its answer at no cost (a kernel that reads its inputs to find what changed and updates
+  what it computed before).
 
 Events read the host clock when recorded (work runs when it is queued), so timings are real, if slow.
 """
@@ -227,6 +231,13 @@ def cuStreamSynchronize(stream: Any) -> tuple[Any, ...]:
 # -- modules and launches ------------------------------------------------------------------------------------
 
 
+REUSED_WORK_S = 0.03
+"""The work a ``reuses_work`` kernel does on inputs it has not seen (far more than the reference takes here)."""
+
+PATCHED_ELEMENTS = 4
+"""Most changed input elements a ``reuses_work`` kernel patches its last answer for instead of working."""
+
+
 class _Kernel:
     def __init__(self, document: dict[str, Any]) -> None:
         self.behaviour = str(document["behaviour"])
@@ -235,6 +246,7 @@ class _Kernel:
         self.problem: Any = None
         self.max_shared = 48 * 1024  # the driver's default; cuFuncSetAttribute sets it, the last value wins
         self.memo: dict[tuple[Any, ...], Any] = {}  # memoizes_by_buffer: (output, shape, input buffers) -> answer
+        self.seen: dict[tuple[Any, ...], dict[str, Any]] = {}  # reuses_work: (shape, input buffers) -> inputs
 
     def run(self, block: int) -> None:
         if self.problem is None:
@@ -263,6 +275,17 @@ class _Kernel:
         inputs = {p["name"]: arrays[p["name"]].copy() for p in self.params if p["role"] in ("in", "inout")}
         inputs |= {p["name"]: values[p["name"]] for p in self.params if p["role"] == "scalar"}
         reference = self.problem.reference(inputs, shape)
+        if self.behaviour == "reuses_work":
+            buffers = (*sorted(shape.items()), *(values[p["name"]] for p in self.params if p["role"] == "in"))
+            before = self.seen.get(buffers)
+            changed = (
+                sum(int(np.count_nonzero(before[name] != inputs[name])) for name in before)
+                if before is not None
+                else None
+            )
+            if changed is None or changed > PATCHED_ELEMENTS:
+                time.sleep(REUSED_WORK_S)
+            self.seen[buffers] = {p["name"]: arrays[p["name"]].copy() for p in self.params if p["role"] == "in"}
         for param in self.params:
             if param["role"] not in ("out", "inout"):
                 continue

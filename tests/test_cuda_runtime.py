@@ -37,7 +37,7 @@ from engine.harness.cuda.fingerprint import (
     theoretical_bandwidth_gbs,
     uuid_text,
 )
-from engine.harness.cuda.inputs import InputCache, input_sets
+from engine.harness.cuda.inputs import InputCache, input_sets, refreshed_sets
 from engine.harness.cuda.judge import benchmark_cuda, validate_cuda
 from engine.harness.cuda.layout import (
     ALIGNMENT,
@@ -202,6 +202,23 @@ def test_drawn_inputs_are_kept_least_recently_used_first_out(tmp_path: Path) -> 
     sets = input_sets(problem, shape, "uniform", [7, 8], cache)
     assert [s[0].name for s in sets.arrays] == ["x", "x"] and sets.scalars == [{"alpha": 1.5}, {"alpha": 1.5}]
     assert sum(len(piece) for piece in sets.pieces) == 8000 and set(sets.kept) == {7, 8}
+
+
+def test_the_fresh_probes_sets_change_every_varied_element_and_leave_the_kept_ones_alone(tmp_path: Path) -> None:
+    problem = load_problem(problem_folder(tmp_path, "fresh", "float32"))
+    sets = input_sets(problem, {"n": 1000}, "normal", [7, 8], InputCache(0))
+    before = {seed: inputs["x"].copy() for seed, inputs in sets.kept.items()}
+    fresh = refreshed_sets(problem, sets, [101, 102, 103], refresh=5)
+    assert list(fresh.kept) == [101, 102, 103] and sum(len(piece) for piece in fresh.pieces) == 3 * 4000
+    for label, base in zip([101, 102, 103], [7, 8, 7], strict=True):
+        x = fresh.kept[label]["x"]
+        # Every element is another value than any call read (x has no zeros), and what the kernel reads is what
+        # the output check computes the reference of.
+        assert x.dtype == np.float32 and np.all(x != before[base]) and np.allclose(x, before[base], rtol=2e-3)
+        assert fresh.kept[label]["alpha"] == sets.kept[base]["alpha"]
+    assert all(np.array_equal(sets.kept[seed]["x"], before[seed]) for seed in before)
+    again = refreshed_sets(problem, sets, [101], refresh=6)
+    assert not np.array_equal(again.kept[101]["x"], fresh.kept[101]["x"])  # each probe's refresh its own
 
 
 def test_rounds_rotate_every_contender_through_every_position() -> None:
@@ -576,6 +593,19 @@ def test_a_kernel_that_memoizes_by_buffer_finds_no_cheap_drift(folders: dict[str
     assert report.verdict == Verdict.incorrect and report.cases[0].check == "timed_output", report.message
 
 
+def test_a_kernel_that_reuses_its_work_on_inputs_it_has_seen_is_timed_on_fresh_ones(
+    folders: dict[str, Path], cache: Path
+) -> None:
+    # Right on every fetched output, and fast in the rounds, where each input set comes back drifted by an
+    # element or two: only input sets no call has read show the work it skips.
+    report = timed_against_the_seed(folders, cache, "reuses_work")
+    assert report.verdict == Verdict.impossible and report.cases[0].check == "fresh_inputs", report.message
+    assert "slower on input sets no call had read" in report.message, report.message
+    assert "the reference, timed on the same fresh sets, ran at" in report.message, report.message
+    honest = timed_against_the_seed(folders, cache, "correct")
+    assert honest.verdict == Verdict.ok, honest.message
+
+
 def test_the_judge_checks_a_secret_mid_run_output_and_draws_each_batchs_length(
     folders: dict[str, Path], cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -588,11 +618,15 @@ def test_the_judge_checks_a_secret_mid_run_output_and_draws_each_batchs_length(
 
     monkeypatch.setattr(judge, "MID_CHECK_SPAN", (0.0, 0.0))
     sent: list[Any] = []
+    probes: list[Any] = []
     checked: list[int] = []
     request, check = CudaChild.request, judge.check_timed_output
 
     def recorded(self: CudaChild, command: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(command)
+        if "fresh-input probe" in kwargs.get("what", ""):  # the probe's sets, rounds and fetch, after the rounds
+            probes.append(command)
+        else:
+            sent.append(command)
         return request(self, command, *args, **kwargs)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -606,6 +640,7 @@ def test_the_judge_checks_a_secret_mid_run_output_and_draws_each_batchs_length(
     # How many batches a budget buys depends on the machine's load: grow it until a shape runs several.
     for budget_s in (0.5, 2.0, 6.0):
         sent.clear()
+        probes.clear()
         checked.clear()
         (report,) = benchmark_cuda(
             problem,
@@ -630,7 +665,9 @@ def test_the_judge_checks_a_secret_mid_run_output_and_draws_each_batchs_length(
             # The last call always; one more after the first batch when the shape ran more than one.
             assert fetches == (2 if batches > 1 else 1), commands
             assert isinstance(commands[-1], m.CudaFetch)
-        assert len(checked) == sum(isinstance(c, m.CudaFetch) for c in sent)
+        # Every fetched output is checked: the rounds' and each fresh-input probe's.
+        all_fetches = [c for c in sent + probes if isinstance(c, m.CudaFetch)]
+        assert len(checked) == len(all_fetches) and sum(isinstance(c, m.CudaFetch) for c in probes) >= 2
         lengths = {c.rounds for c in sent if isinstance(c, m.CudaRounds)}
         if any(sum(isinstance(c, m.CudaRounds) for c in commands) > 3 for commands in per_shape) and len(lengths) > 1:
             break

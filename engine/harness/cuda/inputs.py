@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import settings
+from engine.harness import protocol as p
 from engine.harness.protocol import ArraySpec
 from engine.problems import DTYPES, Problem
 
@@ -73,9 +74,31 @@ def input_sets(
     problem: Problem, shape: dict[str, int], distribution: str, seeds: list[int], cache: InputCache = CACHE
 ) -> InputSets:
     """The input sets of ``seeds`` for one shape (see the module docstring)."""
+    return sets_of(problem, {seed: cache.inputs(problem, shape, distribution, seed) for seed in seeds})
+
+
+def refreshed_sets(problem: Problem, sets: InputSets, labels: list[int], refresh: int) -> InputSets:
+    """New input sets, one per label, made from ``sets``' inputs in turn: every element of every input the judge
+    varies (protocol.varied) multiplied by the fresh-input probe's factors of ``refresh`` (protocol.refresh_factors,
+    as the CPU worker's Refresh does), in the dtype the kernel reads. Inputs no call has read, at the cost of a
+    multiplication rather than a new draw (a GPU shape's draw takes seconds). Kept by label for the output check."""
+    varied = p.varied(problem.params)
+    made: dict[int, dict[str, Any]] = {}
+    bases = list(sets.kept.values())
+    for n, label in enumerate(labels):
+        inputs = dict(bases[n % len(bases)])
+        for index, q in enumerate(varied):
+            array = np.array(inputs[q.name], dtype=DTYPES[q.dtype], order="C")  # a copy: the kept sets stay
+            p.apply_refresh(np, array.reshape(-1), p.refresh_factors(np, refresh, index, array.size, array.dtype))
+            inputs[q.name] = array
+        made[label] = inputs
+    return sets_of(problem, made)
+
+
+def sets_of(problem: Problem, inputs_by_seed: dict[int, dict[str, Any]]) -> InputSets:
+    """The payload and specs of these inputs (by seed, in order), as CudaPrepare takes them."""
     arrays, scalars, pieces, kept = [], [], [], {}
-    for seed in seeds:
-        inputs = cache.inputs(problem, shape, distribution, seed)
+    for seed, inputs in inputs_by_seed.items():
         kept[seed] = inputs
         specs = []
         for q in problem.params:

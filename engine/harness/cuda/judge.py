@@ -6,7 +6,9 @@ every distribution, each shape's first trial repeated with another NaN pre-fill 
 the problem says DETERMINISTIC = False -- and once more with a few input elements changed), the comparison
 to the float64 reference with the problem's tolerances, the guard and unchanged-input checks
 (engine/harness/validation.py), the check of a timed call's output (engine/harness/benchmarking.py), the
-statistics (engine/harness/stats.py) and the verdicts. What is the GPU's own lives beside this module: the
+fresh-input probe's rule (engine/harness/fresh_probe.py; here each probe is a round per input set drawn with
+secret seeds after a shape's rounds, :func:`_fresh_probe`), the statistics (engine/harness/stats.py) and the
+verdicts. What is the GPU's own lives beside this module: the
 sandboxed child that owns the context (child.py, worker.py), the guarded device regions (layout.py), event
 timing with L2 flushes and rotating buffers (timing.py), the measured HBM bandwidth (bandwidth.py) and the
 per-GPU lock (lease.py).
@@ -31,16 +33,18 @@ from typing import Any
 import numpy as np
 
 from engine.hardware import GpuFingerprint, hardware_fingerprint
+from engine.harness import protocol as p
 from engine.harness.benchmarking import DEFAULT_BUDGET_S, Reference, check_timed_output
 from engine.harness.cuda import messages as m
 from engine.harness.cuda.bandwidth import COPY_REPEATS, cached_bandwidth, copy_bytes, hbm_roofline_ns, remember
 from engine.harness.cuda.child import START_TIMEOUT_S, CudaChild, ModuleTrials, child_limits, shape_key
 from engine.harness.cuda.device import DEFAULT_DRIVER
-from engine.harness.cuda.inputs import input_sets
+from engine.harness.cuda.inputs import InputCache, InputSets, input_sets, refreshed_sets
 from engine.harness.cuda.layout import GPU_GUARD_BYTES, array_nbytes
 from engine.harness.cuda.lease import GpuLease
 from engine.harness.cuda.timing import RotationError, l2_flush_bytes, rotation_plan, rounds_per_batch
 from engine.harness.driver import ArtifactNotFound, Failed
+from engine.harness.fresh_probe import probes_spread_s, reuse_seen
 from engine.harness.protocol import ParamSpec
 from engine.harness.stats import speedup_with_intervals, weighted_geomean
 from engine.harness.validation import DEFAULT_CALL_TIMEOUT_S, TrialRunner, plan_trials, trial_seed
@@ -83,7 +87,12 @@ MID_CHECK_SPAN = (0.1, 0.9)
 # Fetched outputs checked side by side (numpy's large operations let go of the GIL): a shape's mid-run check
 # is under way while the GPU times the rest of it, and two references of 256 MiB shapes take seconds each.
 CHECK_THREADS = 2
+# Input sets of the fresh-input probe (each a new draw with a secret seed): every probe call is the first call of
+# its contender on its set, so nothing of an earlier call can be reused. Two give the probe a median of two calls.
+FRESH_SETS = 2
 _SECRET = random.SystemRandom()
+# The probe's sets are drawn once and never again: kept in no cache (the benchmark's own sets stay there).
+_UNKEPT = InputCache(0)
 LIBRARY_LABEL_NOTE = "the problem's library baseline (cuda_baseline, through CuPy)"
 
 
@@ -300,6 +309,7 @@ def benchmark_cuda(
             active = [i for i in range(len(contenders)) if i not in skipped]
             samples: list[np.ndarray] = []
             timed: list[list[int]] = []  # the contenders of each shape's columns
+            reused: CaseEvidence | None = None  # the fresh-input probe's finding
             checks: list[Future[CaseEvidence | None]] = []
 
             def check_later(timed: TimedOutput) -> None:
@@ -309,7 +319,7 @@ def benchmark_cuda(
             for s, (shape, weight) in enumerate(shapes):
                 state.update(phase="benchmark", shape=shape)
                 budget_ns = budget_s * 1e9 * weight / sum(w for _, w in shapes)
-                rows = _time_shape(
+                rows, reused = _time_shape(
                     problem,
                     child,
                     s,
@@ -326,10 +336,12 @@ def benchmark_cuda(
                 )
                 samples.append(rows)
                 timed.append(list(active))
+                if reused is not None:
+                    break  # the candidate's timing is nobody's: the other shapes would not change that
             # A library baseline that failed on a later shape is left out of the earlier shapes' figures too.
             samples = [s[:, [cols.index(c) for c in active]] for s, cols in zip(samples, timed, strict=True)]
             revalidation: CaseEvidence | None = None
-            if revalidate:  # on the GPU, while the last shapes' outputs are checked here
+            if revalidate and reused is None:  # on the GPU, while the last shapes' outputs are checked here
                 state.update(phase="revalidation", shape={})
                 runner = TrialRunner(problem, ModuleTrials(child, 0, launches[0]), call_timeout_s, GPU_GUARD_BYTES)
                 revalidation = runner.run(
@@ -341,6 +353,8 @@ def benchmark_cuda(
                     return failed(Verdict.incorrect, evidence, gpu)
             if revalidation is not None:
                 return failed(Verdict.incorrect, revalidation, gpu)
+            if reused is not None:  # right answers, but timed doing less than their work
+                return failed(Verdict.impossible, reused, gpu)
             revalidated = revalidate
             child.close()
     except RotationError as error:
@@ -428,11 +442,12 @@ def _time_shape(
     seed: int,
     call_timeout_s: float,
     check_later: Callable[[TimedOutput], None],
-) -> np.ndarray:
+) -> tuple[np.ndarray, CaseEvidence | None]:
     """One shape's per-call device nanoseconds by round and active contender: input sets, warm-up of each
-    contender alone, then interleaved timed rounds. The candidate's fetched outputs are handed to
-    ``check_later`` as they come (the last call of a secretly chosen batch, and the shape's last call). A
-    library baseline that fails in its warm-up leaves ``active`` for ``skipped``, with the reason."""
+    contender alone, interleaved timed rounds, then the fresh-input probe (its finding, or None). The candidate's
+    fetched outputs are handed to ``check_later`` as they come (the last call of a secretly chosen batch, the
+    shape's last call and the probe's). A library baseline that fails in its warm-up leaves ``active`` for
+    ``skipped``, with the reason."""
     gpu = child.ready.gpu
     flush = l2_flush_bytes(gpu.l2_bytes)
     in_bytes = sum(array_nbytes(q.dims(shape), q.dtype) for q in problem.params if q.role in ("in", "inout"))
@@ -441,25 +456,31 @@ def _time_shape(
     rotation = rotation_plan(in_bytes, out_bytes, modules, child.ready.free_bytes, flush)
     distribution = problem.timed_distribution
     seeds = [trial_seed(seed, "benchmark", index, distribution, i) for i in range(rotation.in_slots)]
-    sets = input_sets(problem, shape, distribution, seeds)
     key = shape_key(shape)
     module_launches: list[m.LaunchDims | None] = []
     k = 0
     for spec, _ in contenders:
         module_launches.append(launches[k][key] if spec.kind == "module" else None)
         k += spec.kind == "module"
-    prepare = m.CudaPrepare(
-        shape=shape,
-        seeds=seeds,
-        arrays=sets.arrays,
-        scalars=sets.scalars,
-        out_slots=rotation.out_slots,
-        launches=module_launches,
-        flush_bytes=flush,
-        payload_bytes=sum(len(piece) for piece in sets.pieces),
-    )
-    copy_s = 60 + prepare.payload_bytes / 1e8
-    child.request(prepare, *sets.pieces, timeout=copy_s, what="taking the input sets")
+
+    def prepare(seeds: list[int], out_slots: int, sets: InputSets, what: str = "taking the input sets") -> float:
+        """The child given these input sets (the shape's buffers anew); the copy's timeout, seconds."""
+        command = m.CudaPrepare(
+            shape=shape,
+            seeds=seeds,
+            arrays=sets.arrays,
+            scalars=sets.scalars,
+            out_slots=out_slots,
+            launches=module_launches,
+            flush_bytes=flush,
+            payload_bytes=sum(len(piece) for piece in sets.pieces),
+        )
+        copy_s = 60 + command.payload_bytes / 1e8
+        child.request(command, *sets.pieces, timeout=copy_s, what=what)
+        return copy_s
+
+    sets = input_sets(problem, shape, distribution, seeds)
+    copy_s = prepare(seeds, rotation.out_slots, sets)
     started = time.perf_counter_ns()
     per_call: dict[int, float] = {}
     for c in list(active):
@@ -501,7 +522,87 @@ def _time_shape(
             fetching_ns += time.perf_counter_ns() - fetched
     output, data = child.request(m.CudaFetch(contender=0), timeout=copy_s, what="fetching the last timed output")
     check_later(TimedOutput(shape, distribution, output, data, sets.kept))
-    return np.asarray(rows, dtype=np.float64)
+    timed = np.asarray(rows, dtype=np.float64)
+
+    def probe(fresh: list[int]) -> np.ndarray:
+        """Per-call nanoseconds of one round per fresh set (every call the first on its set), the candidate's
+        last output handed to ``check_later``: a probe it recognised and skipped is wrong there. The sets are
+        the shape's own with every varied input element changed a little (refreshed_sets), or, where the judge
+        varies no input (integers only), new draws of the secret seeds ``fresh``."""
+        if p.varied(problem.params):
+            drawn = refreshed_sets(problem, sets, fresh, _SECRET.getrandbits(63))
+        else:
+            drawn = input_sets(problem, shape, distribution, fresh, _UNKEPT)
+        probe_copy_s = prepare(fresh, len(fresh) + 1, drawn, "taking the fresh-input probe's sets")
+        reply, _ = child.request(
+            m.CudaRounds(contenders=active, rounds=len(fresh), first_round=0),
+            timeout=call_timeout_s + 20 * len(fresh) * round_ns / 1e9,
+            what="the fresh-input probe",
+        )
+        if not isinstance(reply, m.CudaTimings):
+            raise Failed(Verdict.harness_error, "harness", f"the fresh-input probe was answered with {reply.kind}")
+        output, data = child.request(
+            m.CudaFetch(contender=0), timeout=probe_copy_s, what="fetching the fresh-input probe's output"
+        )
+        check_later(TimedOutput(shape, distribution, output, data, drawn.kept))
+        return np.asarray(reply.ns, dtype=np.float64)
+
+    return timed, _fresh_probe(shape, timed, probe)
+
+
+def _fresh_probe(
+    shape: dict[str, int], rows: np.ndarray, probe: Callable[[list[int]], np.ndarray]
+) -> CaseEvidence | None:
+    """The candidate timed on input sets no call has read, against its median in the rounds: the GPU's fresh-input
+    probe (the CPU's: engine/harness/benchmarking.py _fresh_probe; the rule: engine/harness/fresh_probe.py).
+
+    Why: the rounds cycle a few input sets, each use drifting one element, and a kernel may keep what it computed
+    for each set in ``__device__`` memory (by pointer or by a cheap look at the content), find the element that
+    changed by reading the inputs once, and patch its last answer: a matmul so timed reads O(n^2) and computes
+    O(n) where its work is O(n^3), with every output right. Real inputs never repeat, so that speed is nobody's.
+    An honest kernel is as fast on fresh sets (the L2 is flushed before every call either way); one that reused
+    work is slower by what it skipped. Each probe is ``probe(seeds)``: FRESH_SETS new sets drawn with secret
+    seeds, one round per set over every active contender, so the first reference's calls on the same fresh sets
+    say whether the device itself was slower (only a candidate slower than that explains, in every probe, is a
+    finding)."""
+    reference_ns = float(np.median(rows[:, 1])) if rows.shape[1] > 1 else None
+    controls: dict[str, float] = {}
+
+    def probe_candidate() -> float:
+        ns = probe([_SECRET.getrandbits(63) for _ in range(FRESH_SETS)])
+        if reference_ns is not None:
+            controls["last"] = float(np.median(ns[:, 1])) / reference_ns
+        return float(np.median(ns[:, 0])) / float(np.median(rows[:, 0]))
+
+    pairs = reuse_seen(probe_candidate, (lambda: controls["last"]) if reference_ns is not None else None)
+    if pairs is None:
+        return None
+    fastest = min(pairs, key=lambda pair: pair.candidate)
+    timed_ns = float(np.median(rows[:, 0]))
+    paces = [pair.reference for pair in pairs if pair.reference is not None]
+    control = (
+        f"; the reference, timed on the same fresh sets, ran at {min(paces):.1f}-{max(paces):.1f}x its own pace"
+        if paces
+        else ""
+    )
+    return CaseEvidence(
+        phase="benchmark",
+        check="fresh_inputs",
+        shape=shape,
+        message=(
+            f"{fastest.candidate:.1f}x slower on input sets no call had read "
+            f"({_us(fastest.candidate * timed_ns)} per call, the best of {len(pairs)} probes spread over "
+            f"{probes_spread_s(len(pairs)):.1f} s) than in the timed rounds ({_us(timed_ns)}, their "
+            f"median){control}: its timed calls did less than their work, reusing that of earlier calls on inputs "
+            "it had seen, which real inputs never allow; compute each call's answer from its inputs"
+        ),
+    )
+
+
+def _us(ns: float) -> str:
+    """Nanoseconds as microseconds for a message: three figures, whole ones from a hundred up."""
+    us = ns / 1e3
+    return f"{us:,.0f} us" if us >= 100 else f"{us:.3g} us"
 
 
 def _report_without_timing(

@@ -18,7 +18,9 @@
    by pointer in a device global returns another input's answer and fails the output check. And, as on the
    CPU, each use of an input set changes one element slightly, drawn at random for each use (protocol.BUMP_STEP,
    outside the timed region), so no input repeats exactly, an answer remembered by (input, output) pair is
-   stale, and finding what changed means reading the whole input.
+   stale, and finding what changed means reading the whole input. A kernel that does read it all and patches
+   what it kept still skips its work in the rounds: after them each contender is timed on input sets no call has
+   read (engine/harness/cuda/judge.py _fresh_probe), and one more than twice as slow there is ``impossible``.
 5. Rounds interleave the contenders (A B C, B C A, C A B, ...: :func:`round_order`), so slow drift (clocks,
    temperature, a neighbour on the PCIe bus) hits every contender alike; the parent pairs the calls of a
    round and computes the ratio with its confidence interval (engine.harness.stats).
