@@ -8,7 +8,8 @@ edited definition reuse the old one's verdicts and keep judging with the old mod
 
 What is left out is what no definition is: byte-code caches and the tools' folders (SKIPPED_DIRECTORIES,
 SKIPPED_SUFFIXES). A symbolic link to a folder counts as its target's path, not its files (a link to a large tree
-would be walked on every call); a link to a file counts by the file's content.
+would be walked on every call); a link to a file counts by the file's content. Only the top-level definition files
+are read on every call; the others' hashes are kept once they have settled (SETTLED_S).
 
 The digest of a folder whose files are all top-level DEFINITION_SUFFIXES files is the one earlier versions
 computed, so the evidence and the recorded landscapes of such folders (every built-in problem) keep their key.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -33,14 +35,15 @@ SKIPPED_DIRECTORIES = frozenset(
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
 """Byte code: Python writes it as it imports, so it changes without the definition changing."""
 
-REMEMBERED_BYTES = 1 << 20
-"""Files at least this large have their content hash kept, per (device, inode, size, modification and change
-times), so a folder holding a data set is read once per version of it rather than on every call (the
-fingerprint is taken several times per search step). Smaller files are read every time: an edit that keeps the
-size within the file system's timestamp granularity must still be seen."""
+SETTLED_S = 2.0
+"""A file last changed at least this long before it was read has its content hash kept, per (device, inode, size,
+modification and change times): the fingerprint is taken several times per search step, and a folder of many files
+or a large data set is then read once per version. A file changed more recently is read every time, because a
+file system's timestamps move in steps of milliseconds and an edit that keeps the size within one step would keep
+the key (git's "racily clean" files): any later edit of a settled file gives it a new change time."""
 
-REMEMBERED_FILES = 256
-"""Large files whose content hash is kept (the least recently used is forgotten first)."""
+REMEMBERED_FILES = 4096
+"""Files whose content hash is kept (the least recently used is forgotten first)."""
 
 _remembered: OrderedDict[tuple[str, int, int, int, int, int], bytes] = OrderedDict()
 _lock = threading.Lock()
@@ -83,16 +86,15 @@ def _other_entries(folder: Path) -> list[tuple[str, bytes]]:
 
 
 def _content_hash(path: Path) -> bytes:
-    """SHA-256 of a file's content (kept for large files, see REMEMBERED_BYTES); a file this process may not
+    """SHA-256 of a file's content (kept once the file has settled, see SETTLED_S); a file this process may not
     read counts as unreadable, so the folder still has a fingerprint and a later read that works changes it."""
     try:
         status = path.stat()
         key = (str(path), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
-        if status.st_size >= REMEMBERED_BYTES:
-            with _lock:
-                if key in _remembered:
-                    _remembered.move_to_end(key)
-                    return _remembered[key]
+        with _lock:
+            if key in _remembered:
+                _remembered.move_to_end(key)
+                return _remembered[key]
         hasher = hashlib.sha256()
         with path.open("rb") as file:
             for block in iter(lambda: file.read(1 << 20), b""):
@@ -100,7 +102,7 @@ def _content_hash(path: Path) -> bytes:
         content = hasher.digest()
     except OSError:
         return b"unreadable"
-    if status.st_size >= REMEMBERED_BYTES:
+    if time.time() - status.st_ctime >= SETTLED_S:
         with _lock:
             _remembered[key] = content
             while len(_remembered) > REMEMBERED_FILES:

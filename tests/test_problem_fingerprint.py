@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_problem_check import folder_like
@@ -90,18 +91,43 @@ def test_a_fifo_or_a_link_to_a_folder_is_named_not_read(tmp_path: Path) -> None:
     assert len({fingerprint, with_fifo, linked_a, linked_b, folder_fingerprint(folder)}) == 5
 
 
-def test_a_large_file_is_hashed_again_when_it_changes_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(problem_fingerprint, "REMEMBERED_BYTES", 16)
+def test_a_kept_hash_is_dropped_when_its_file_changes_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = folder_like("l2norm", tmp_path)
     data = folder / "weights.bin"
     data.write_bytes(b"a" * 64)
+    monkeypatch.setattr(problem_fingerprint, "SETTLED_S", 0.0)  # every file settled: its hash is kept
     first = folder_fingerprint(folder)
-    assert folder_fingerprint(folder) == first  # the kept hash of the unchanged file
+    assert folder_fingerprint(folder) == first
     written = data.stat()
     data.write_bytes(b"b" * 64)
     # Same size, and the modification time put back: only the change time says it was written.
     os.utime(data, ns=(written.st_atime_ns, written.st_mtime_ns))
     assert folder_fingerprint(folder) != first
+
+
+def test_a_file_written_just_now_is_read_on_every_call_and_a_settled_one_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A just-written file's change time may not move on its next write (timestamps move in steps of
+    # milliseconds on some file systems): its hash is kept only once it has settled.
+    folder = folder_like("l2norm", tmp_path)
+    (folder / "weights.bin").write_bytes(b"a" * 64)
+    opened: list[str] = []
+    real_open = Path.open
+
+    def counted(self: Path, *args: Any, **kwargs: Any) -> Any:
+        opened.append(self.name)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counted)
+    for _ in range(3):
+        folder_fingerprint(folder)
+    assert opened.count("weights.bin") == 3
+    opened.clear()
+    monkeypatch.setattr(problem_fingerprint, "SETTLED_S", 0.0)
+    for _ in range(3):
+        folder_fingerprint(folder)
+    assert opened.count("weights.bin") == 1
 
 
 def test_a_folder_of_top_level_definition_files_keeps_the_fingerprint_its_evidence_was_recorded_under() -> None:
