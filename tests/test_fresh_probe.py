@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.harness.fresh_probe import FRESH_FACTOR, FRESH_PAUSE_S, FRESH_PROBES, reuse_seen
+from engine.harness.fresh_probe import FRESH_FACTOR, FRESH_PAUSE_S, FRESH_PROBES, microseconds, reuse_seen
 
 BATCH_S = 0.01  # a probe batch lasts FRESH_BATCH_NS at the contender's usual pace
 
@@ -79,3 +79,12 @@ def test_a_machine_slow_for_the_whole_probe_clears_an_honest_kernel_only_through
     machine = Machine(lambda t: 3.0)
     assert reuse_seen(machine.contender(1.0), machine.contender(1.0), machine.pause) is None
     assert machine.pauses == []
+
+
+def test_a_findings_times_read_as_microseconds_in_whole_figures_from_a_hundred() -> None:
+    assert [microseconds(ns) for ns in (975.0, 12_345.0, 99_949.0, 6_107_400.0)] == [
+        "0.975 us",
+        "12.3 us",
+        "99.9 us",
+        "6,107 us",
+    ]

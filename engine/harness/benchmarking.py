@@ -56,7 +56,7 @@ from engine.hardware import MachineLimits, hardware_fingerprint
 from engine.harness import protocol as p
 from engine.harness.contention import CoreWatch
 from engine.harness.driver import Contender, Failed
-from engine.harness.fresh_probe import probes_spread_s, reuse_seen
+from engine.harness.fresh_probe import microseconds, probes_spread_s, reuse_seen
 from engine.harness.input_memo import memoized_inputs
 from engine.harness.machine import EXCLUSIVE_WAIT_S, MAX_POOL_BYTES, machine_limits
 from engine.harness.sandbox import CpuLease, SandboxLimits
@@ -714,9 +714,9 @@ def _fresh_probe(
         check="fresh_inputs",
         shape=prepare.shape,
         message=(
-            f"{fastest.candidate:.1f}x slower on inputs no call had read ({fastest.candidate * timed_ns / 1e3:.3g} us "
+            f"{fastest.candidate:.1f}x slower on inputs no call had read ({microseconds(fastest.candidate * timed_ns)} "
             f"per call, the best of {len(pairs)} probes spread over {probes_spread_s(len(pairs)):.1f} s) "
-            f"than in the timed rounds ({timed_ns / 1e3:.3g} us, their median){control}: its "
+            f"than in the timed rounds ({microseconds(timed_ns)}, their median){control}: its "
             "timed calls did less than their work, reusing that of earlier calls on inputs it had seen (or skipping "
             "calls), which real inputs never allow; compute each call's answer from its inputs"
         ),

@@ -19,7 +19,15 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-__all__ = ["FRESH_FACTOR", "FRESH_PAUSE_S", "FRESH_PROBES", "ProbePair", "probes_spread_s", "reuse_seen"]
+__all__ = [
+    "FRESH_FACTOR",
+    "FRESH_PAUSE_S",
+    "FRESH_PROBES",
+    "ProbePair",
+    "microseconds",
+    "probes_spread_s",
+    "reuse_seen",
+]
 
 # This many probes at most; the candidate must be this many times slower than its rounds' median in each (and
 # this many times as slowed as the reference) to be found reusing work.
@@ -70,3 +78,10 @@ def reuse_seen(
             return None
         pairs.append(ProbePair(slowdown, control))
     return pairs
+
+
+def microseconds(ns: float) -> str:
+    """Nanoseconds as a finding's message shows them: microseconds, three figures, whole ones from a hundred up
+    (``6,107 us``, not ``6.11e+03 us``)."""
+    us = ns / 1e3
+    return f"{us:,.0f} us" if us >= 100 else f"{us:.3g} us"

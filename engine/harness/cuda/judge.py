@@ -44,7 +44,7 @@ from engine.harness.cuda.layout import GPU_GUARD_BYTES, array_nbytes
 from engine.harness.cuda.lease import GpuLease
 from engine.harness.cuda.timing import RotationError, l2_flush_bytes, rotation_plan, rounds_per_batch
 from engine.harness.driver import ArtifactNotFound, Failed
-from engine.harness.fresh_probe import probes_spread_s, reuse_seen
+from engine.harness.fresh_probe import microseconds, probes_spread_s, reuse_seen
 from engine.harness.protocol import ParamSpec
 from engine.harness.stats import speedup_with_intervals, weighted_geomean
 from engine.harness.validation import DEFAULT_CALL_TIMEOUT_S, TrialRunner, plan_trials, trial_seed
@@ -591,18 +591,12 @@ def _fresh_probe(
         shape=shape,
         message=(
             f"{fastest.candidate:.1f}x slower on input sets no call had read "
-            f"({_us(fastest.candidate * timed_ns)} per call, the best of {len(pairs)} probes spread over "
-            f"{probes_spread_s(len(pairs)):.1f} s) than in the timed rounds ({_us(timed_ns)}, their "
+            f"({microseconds(fastest.candidate * timed_ns)} per call, the best of {len(pairs)} probes spread over "
+            f"{probes_spread_s(len(pairs)):.1f} s) than in the timed rounds ({microseconds(timed_ns)}, their "
             f"median){control}: its timed calls did less than their work, reusing that of earlier calls on inputs "
             "it had seen, which real inputs never allow; compute each call's answer from its inputs"
         ),
     )
-
-
-def _us(ns: float) -> str:
-    """Nanoseconds as microseconds for a message: three figures, whole ones from a hundred up."""
-    us = ns / 1e3
-    return f"{us:,.0f} us" if us >= 100 else f"{us:.3g} us"
 
 
 def _report_without_timing(
