@@ -6,10 +6,11 @@ every file problem.py or a kernel may read counts: a data file a reference loads
 in a subfolder, a header a template includes whatever its suffix (``.cuh``, ``.inc``). Leaving one out let an
 edited definition reuse the old one's verdicts and keep judging with the old module until the process restarted.
 
-What is left out is what no definition is: byte-code caches and the tools' folders (SKIPPED_DIRECTORIES,
-SKIPPED_SUFFIXES). A symbolic link to a folder counts as its target's path, not its files (a link to a large tree
-would be walked on every call); a link to a file counts by the file's content. Only the top-level definition files
-are read on every call; the others' hashes are kept once they have settled (SETTLED_S).
+What is left out is what no definition is: byte code, hidden folders (tools' state and caches) and the state folder
+of `kf` itself (SKIPPED_DIRECTORIES, SKIPPED_SUFFIXES). A symbolic link to a folder counts as its target's path,
+not its files (a link to a large tree would be walked on every call); a link to a file counts by the file's
+content. Only the top-level definition files are read on every call; the others' hashes are kept once they have
+settled (SETTLED_S).
 
 The digest of a folder whose files are all top-level DEFINITION_SUFFIXES files is the one earlier versions
 computed, so the evidence and the recorded landscapes of such folders (every built-in problem) keep their key.
@@ -24,13 +25,16 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from engine.config import kf_home
+
 DEFINITION_SUFFIXES = (".py", ".c", ".h", ".cu", ".json")
 """Top-level files hashed by name and content in the digest's first part (the whole digest of earlier versions)."""
 
-SKIPPED_DIRECTORIES = frozenset(
-    {"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
-)
-"""Folders that hold no definition: Python's byte-code cache and version-control and tool caches."""
+SKIPPED_DIRECTORIES = frozenset({"__pycache__"})
+"""Folders that hold no definition besides hidden ones (a name starting with a dot: .git, .venv, the tools'
+caches, and ``.kf``, the state folder `kf` keeps in the working directory by default, whose database files
+change all the time: a search started from inside its problem folder would otherwise see a new definition at
+every step). The state folder (KF_HOME) is left out under any name."""
 
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
 """Byte code: Python writes it as it imports, so it changes without the definition changing."""
@@ -65,9 +69,14 @@ def _other_entries(folder: Path) -> list[tuple[str, bytes]]:
     """(path relative to ``folder``, what identifies its content) of every file and folder link below ``folder``
     that the first part of the digest does not cover, in path order."""
     entries: list[tuple[str, bytes]] = []
+    state = kf_home()
     for root, directories, files in os.walk(folder):
         base = Path(root)
-        directories[:] = sorted(d for d in directories if d not in SKIPPED_DIRECTORIES)
+        directories[:] = sorted(
+            d
+            for d in directories
+            if not d.startswith(".") and d not in SKIPPED_DIRECTORIES and (base / d).resolve() != state
+        )
         for name in directories:
             if (base / name).is_symlink():
                 relative = (base / name).relative_to(folder).as_posix()

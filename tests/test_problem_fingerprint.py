@@ -64,10 +64,22 @@ def test_an_edit_of_any_file_in_the_folder_changes_its_fingerprint(tmp_path: Pat
     assert len({written, edited, removed}) == 3
 
 
-def test_byte_code_and_tool_caches_are_not_the_definition(tmp_path: Path) -> None:
+def test_byte_code_tool_caches_and_the_state_folder_are_not_the_definition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = folder_like("l2norm", tmp_path)
     fingerprint = folder_fingerprint(folder)
-    for relative in ["__pycache__/problem.cpython-311.pyc", ".git/index", "lib/__pycache__/x.pyc", "stray.pyc"]:
+    # `kf up` run from inside the problem folder keeps its databases in .kf there (or where KF_HOME says): their
+    # files change all the time, and the definition must not.
+    monkeypatch.setenv("KF_HOME", str(folder / "state"))
+    for relative in [
+        "__pycache__/problem.cpython-311.pyc",
+        ".git/index",
+        "lib/__pycache__/x.pyc",
+        "stray.pyc",
+        ".kf/postgres/base/1/1259",
+        "state/temporal.db",
+    ]:
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
         (folder / relative).write_bytes(os.urandom(64))
     assert folder_fingerprint(folder) == fingerprint
