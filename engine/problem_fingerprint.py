@@ -36,8 +36,9 @@ caches, and ``.kf``, the state folder `kf` keeps in the working directory by def
 change all the time: a search started from inside its problem folder would otherwise see a new definition at
 every step). The state folder (KF_HOME) is left out under any name."""
 
-SKIPPED_SUFFIXES = (".pyc", ".pyo")
-"""Byte code: Python writes it as it imports, so it changes without the definition changing."""
+SKIPPED_SUFFIXES = (".pyc", ".pyo", ".swp", ".swo", "~")
+"""Byte code (Python writes it as it imports) and editors' swap and backup files (vim rewrites its swap file every
+few seconds while problem.py is open): they change without the definition changing."""
 
 SETTLED_S = 2.0
 """A file last changed at least this long before it was read has its content hash kept, per (device, inode, size,

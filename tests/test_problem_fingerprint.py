@@ -77,6 +77,8 @@ def test_byte_code_tool_caches_and_the_state_folder_are_not_the_definition(
         ".git/index",
         "lib/__pycache__/x.pyc",
         "stray.pyc",
+        ".problem.py.swp",
+        "problem.py~",
         ".kf/postgres/base/1/1259",
         "state/temporal.db",
     ]:
