@@ -6,8 +6,8 @@ every distribution, each shape's first trial repeated with another NaN pre-fill 
 the problem says DETERMINISTIC = False -- and once more with a few input elements changed), the comparison
 to the float64 reference with the problem's tolerances, the guard and unchanged-input checks
 (engine/harness/validation.py), the check of a timed call's output (engine/harness/benchmarking.py), the
-fresh-input probe's rule (engine/harness/fresh_probe.py; here each probe is a round per input set drawn with
-secret seeds after a shape's rounds, :func:`_fresh_probe`), the statistics (engine/harness/stats.py) and the
+fresh-input probe's rule (engine/harness/fresh_probe.py; here each probe is one round per input set no call has
+read, after a shape's rounds, :func:`_fresh_probe`), the statistics (engine/harness/stats.py) and the
 verdicts. What is the GPU's own lives beside this module: the
 sandboxed child that owns the context (child.py, worker.py), the guarded device regions (layout.py), event
 timing with L2 flushes and rotating buffers (timing.py), the measured HBM bandwidth (bandwidth.py) and the
@@ -87,8 +87,9 @@ MID_CHECK_SPAN = (0.1, 0.9)
 # Fetched outputs checked side by side (numpy's large operations let go of the GIL): a shape's mid-run check
 # is under way while the GPU times the rest of it, and two references of 256 MiB shapes take seconds each.
 CHECK_THREADS = 2
-# Input sets of the fresh-input probe (each a new draw with a secret seed): every probe call is the first call of
-# its contender on its set, so nothing of an earlier call can be reused. Two give the probe a median of two calls.
+# Input sets of each fresh-input probe (the shape's own with every varied element changed, or new secret draws):
+# every probe call is the first call of its contender on its set, so nothing of an earlier call can be reused. Two
+# give the probe a median of two calls.
 FRESH_SETS = 2
 _SECRET = random.SystemRandom()
 # The probe's sets are drawn once and never again: kept in no cache (the benchmark's own sets stay there).
@@ -561,10 +562,10 @@ def _fresh_probe(
     changed by reading the inputs once, and patch its last answer: a matmul so timed reads O(n^2) and computes
     O(n) where its work is O(n^3), with every output right. Real inputs never repeat, so that speed is nobody's.
     An honest kernel is as fast on fresh sets (the L2 is flushed before every call either way); one that reused
-    work is slower by what it skipped. Each probe is ``probe(seeds)``: FRESH_SETS new sets drawn with secret
-    seeds, one round per set over every active contender, so the first reference's calls on the same fresh sets
-    say whether the device itself was slower (only a candidate slower than that explains, in every probe, is a
-    finding)."""
+    work is slower by what it skipped. Each probe is ``probe(labels)``: FRESH_SETS sets no call has read (labelled
+    with secret numbers), one round per set over every active contender, so the first reference's calls on the
+    same fresh sets say whether the device itself was slower (only a candidate slower than that explains, in every
+    probe, is a finding)."""
     reference_ns = float(np.median(rows[:, 1])) if rows.shape[1] > 1 else None
     controls: dict[str, float] = {}
 
