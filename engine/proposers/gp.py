@@ -1,0 +1,418 @@
+"""An experimental proposer: Bayesian optimisation with a Gaussian process over a template's settings.
+
+Where the search proposer (engine/proposers/search.py) models ln(speedup) as a sum of one effect per parameter
+value and one per pair of values, this one puts a Gaussian process on it with a categorical kernel: two settings
+are the more alike the fewer parameters they set differently, each parameter weighing its own amount,
+
+    k(x, x') = s² · exp(-Σ_k θ_k · d_k(x_k, x'_k)),    d_k = [x_k ≠ x'_k]
+
+(the exponentiated Hamming kernel; with ``ordinal`` a numeric knob's d_k is how many of its values apart the two
+lie over the most there are). Unlike a model of mains and pairs it carries interactions of every order, fading
+with distance: a setting next to a fast one is worth a look whatever the reason it was fast.
+
+The level is the generalised least squares mean, s² is profiled out of the marginal likelihood, and the noise
+ratio and the θ are taken from small grids by marginal likelihood (one θ for every knob, then, with
+ARD_MIN_OBSERVATIONS, each knob's own by coordinate search). Picks: one evaluation in EXPLOIT_PERIOD takes the
+posterior mean's best setting (as the search proposer does); the others an upper bound (mean + kappa spreads) or
+expected improvement, each believed to come back as predicted before the next is chosen (the pick's variance is
+conditioned away, so one generation's picks spread out).
+
+Transfer (other problems of the family measured settings): their readings join the GP as a second task, each
+problem with its own level and the correlation ``rho`` between problems taken by marginal likelihood (0 leaves
+them out); the search proposer's family favourites are not used here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.evidence.lessons_projection import change_of
+from engine.harness.verdicts import measurement_method
+from engine.problems import Problem
+from engine.proposers.base import ProposalContext
+from engine.proposers.random_template import SpaceCache, template_candidate, template_space
+from engine.proposers.search import (
+    DEAD_END_PENALTY,
+    EXPLOIT_PERIOD,
+    _priors,
+    _reading_var,
+    _setting_ids,
+    correctness_of,
+    exploit_picks,
+    settled_candidates,
+)
+from engine.search.candidates import Candidate
+
+THETA_GRID = (0.05, 0.15, 0.4, 1.0, 2.5)
+"""Per-knob inverse lengthscales tried (θ: how much one differing value lowers the log correlation)."""
+
+NOISE_RATIO_GRID = (0.003, 0.03, 0.3)
+"""Noise variance over signal variance tried."""
+
+ARD_MIN_OBSERVATIONS = 12
+"""Own measured settings from which each knob gets its own θ."""
+
+ARD_SWEEPS = 2
+"""Passes of the coordinate search over the knobs' θ."""
+
+MAX_OBSERVATIONS = 96
+"""Most recent observations the hyperparameters are fitted to."""
+
+RHO_GRID = (0.0, 0.5, 0.8)
+
+MIX_GRID = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.7, 0.3, 0.0), (0.5, 0.2, 0.3), (0.3, 0.2, 0.5), (0.5, 0.0, 0.5))
+"""Shares of the correlation (main effects, pairs, every order) tried: see _correlation."""
+"""Correlations between a problem and its siblings tried (transfer)."""
+
+
+@dataclass(frozen=True)
+class GPConfig:
+    """What a variant of the GP proposer does (the replay compares them)."""
+
+    acquisition: str = "ucb"
+    """ucb, ei or ts (Thompson sampling over the fresh pool, batch by independent draws)."""
+    kappa: float = 2.0
+    """Spreads an upper bound adds."""
+    exploit_period: int = EXPLOIT_PERIOD
+    """One evaluation in this many takes the posterior mean's best (0: never)."""
+    neighbours: bool = False
+    """Every other non-exploiting pick an upper bound among the incumbent's one/two-parameter neighbours."""
+    ordinal: bool = False
+    """Numeric knobs of three or more positive values: distance by rank, not 0/1."""
+    ard: bool = True
+    """Per-knob θ by coordinate search (from ARD_MIN_OBSERVATIONS)."""
+    ard_min: int = ARD_MIN_OBSERVATIONS
+    transfer: bool = True
+    """Sibling problems' readings join as a second task."""
+    theta_grid: tuple[float, ...] = THETA_GRID
+    mix_grid: tuple[tuple[float, float, float], ...] = ((0.0, 0.0, 1.0),)
+    """Kernel shares tried (see _correlation); the default the plain exponentiated Hamming kernel."""
+    prior_theta: float | None = None
+    """With fewer than 4 observations: this shared θ (None: the grid's middle)."""
+
+
+@dataclass
+class _Data:
+    codes: np.ndarray
+    """Observations' value codes, one row per observation, one column per knob."""
+    y: np.ndarray
+    noise: np.ndarray
+    """Each observation's reading variance over n (before the model's scale)."""
+    task: np.ndarray
+    """0: the problem's own, 1: a sibling's."""
+
+
+@dataclass
+class _Fit:
+    theta: np.ndarray
+    ratio: float
+    rho: float
+    scale: float
+    """s²."""
+    mix: tuple[float, float, float]
+    levels: np.ndarray
+    """Mean per task."""
+    evidence: float
+
+
+@dataclass
+class _Encoding:
+    knobs: list[str]
+    values: list[list[Any]]
+    ordinal: np.ndarray
+    """Per knob, whether distances go by rank."""
+    span: np.ndarray
+    """Per knob, the largest rank difference (1 for categorical)."""
+    codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int16))
+
+    def encode(self, params: dict[str, Any]) -> np.ndarray:
+        row = np.empty(len(self.knobs), dtype=np.int16)
+        for j, (k, vals) in enumerate(zip(self.knobs, self.values, strict=True)):
+            v = params.get(k, _MISSING)
+            try:
+                row[j] = vals.index(v)
+            except ValueError:
+                row[j] = len(vals)  # a value (or absence) the space does not hold: its own category
+        return row
+
+
+_MISSING = object()
+
+import os  # noqa: E402
+
+_DEBUG = bool(os.environ.get("GP_DEBUG"))
+
+
+def _encoding(problem: Problem, space: list[dict[str, Any]], ordinal: bool) -> _Encoding:
+    params = problem.template_params
+    knobs = sorted(params)
+    values = [list(params[k]) for k in knobs]
+    is_ord = np.array(
+        [
+            ordinal
+            and len(v) >= 3
+            and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in v)
+            for v in values
+        ]
+    )
+    # Ranks by numeric order for ordinal knobs: the value lists are reordered so that index = rank.
+    values = [sorted(v) if o else v for v, o in zip(values, is_ord, strict=True)]
+    span = np.array([max(len(v) - 1, 1) if o else 1 for v, o in zip(values, is_ord, strict=True)], dtype=float)
+    enc = _Encoding(knobs, values, is_ord, span)
+    enc.codes = np.array([enc.encode(s) for s in space], dtype=np.int16).reshape(len(space), len(knobs))
+    return enc
+
+
+_ENCODINGS: SpaceCache[_Encoding] = SpaceCache()
+
+
+def _distances(a: np.ndarray, b: np.ndarray, enc: _Encoding) -> np.ndarray:
+    """Per-knob distances between code rows ``a`` (m×d) and ``b`` (n×d): m×n×d floats in [0, 1]."""
+    diff = a[:, None, :].astype(np.int32) - b[None, :, :].astype(np.int32)
+    return np.where(enc.ordinal, np.abs(diff) / enc.span, diff != 0).astype(np.float64)
+
+
+def _correlation(dist: np.ndarray, theta: np.ndarray, mix: tuple[float, float, float]) -> np.ndarray:
+    """The prior correlation of settings at per-knob distances ``dist`` (…×d): shares ``mix`` of a sum of main
+    effects (each knob weighing 1 - e^-θ), of pairs of them, and of the exponentiated Hamming kernel (every
+    order of interaction), each scaled to 1 at distance 0."""
+    main, pair, every = mix
+    out = every * np.exp(-(dist @ theta)) if every else 0.0
+    if main or pair:
+        w = 1.0 - np.exp(-theta)
+        total = max(float(w.sum()), 1e-12)
+        same = (1.0 - dist) * w
+        s = same.sum(axis=-1)
+        if main:
+            out = out + main * s / total
+        if pair:
+            pairs = 0.5 * (s * s - (same * same).sum(axis=-1))
+            out = out + pair * pairs / max(0.5 * (total * total - float((w * w).sum())), 1e-12)
+    return np.asarray(out)
+
+
+def _log_evidence(
+    dist: np.ndarray, data: _Data, theta: np.ndarray, ratio: float, rho: float, mix: tuple[float, float, float]
+) -> tuple[float, _Fit]:
+    """ln p(y) with the task levels by GLS and s² profiled: K = s² (C + ratio·diag(noise/base))."""
+    n = len(data.y)
+    c = _correlation(dist, theta, mix)
+    cross = data.task[:, None] != data.task[None, :]
+    c = np.where(cross, rho * c, c)
+    # Relative noise: each observation's noise in units of the typical one.
+    rel = data.noise / max(float(np.median(data.noise)), 1e-12)
+    c = c + np.diag(ratio * rel + 1e-8)
+    try:
+        chol = np.linalg.cholesky(c)
+    except np.linalg.LinAlgError:
+        return -math.inf, _Fit(theta, ratio, rho, 1.0, mix, np.zeros(2), -math.inf)
+    tasks = int(data.task.max()) + 1
+    h = np.zeros((n, tasks))
+    h[np.arange(n), data.task] = 1.0
+    hi = np.linalg.solve(chol, h)
+    yi = np.linalg.solve(chol, data.y)
+    levels = np.linalg.lstsq(hi, yi, rcond=None)[0]
+    resid = yi - hi @ levels
+    scale = max(float(resid @ resid) / n, 1e-10)
+    evidence = -0.5 * n * math.log(scale) - float(np.log(np.diag(chol)).sum()) - 0.5 * n
+    full = np.zeros(2)
+    full[:tasks] = levels
+    return evidence, _Fit(theta, ratio, rho, scale, mix, full, evidence)
+
+
+def fit_gp(enc: _Encoding, data: _Data, config: GPConfig) -> _Fit:
+    """Hyperparameters by marginal likelihood over the grids (shared θ, then per knob)."""
+    d = len(enc.knobs)
+    recent = slice(max(0, len(data.y) - MAX_OBSERVATIONS), None)
+    sub = _Data(data.codes[recent], data.y[recent], data.noise[recent], data.task[recent])
+    dist = _distances(sub.codes, sub.codes, enc)
+    own = int((sub.task == 0).sum())
+    rhos = RHO_GRID if (sub.task == 1).any() else (0.0,)
+    if own + (sub.task == 1).sum() < 4:
+        t = config.prior_theta if config.prior_theta is not None else config.theta_grid[len(config.theta_grid) // 2]
+        return _Fit(np.full(d, t), NOISE_RATIO_GRID[1], 0.0, 1.0, config.mix_grid[0], np.zeros(2), 0.0)
+    best: _Fit | None = None
+    for t in config.theta_grid:
+        for ratio in NOISE_RATIO_GRID:
+            for rho in rhos:
+                for mix in config.mix_grid:
+                    _, f = _log_evidence(dist, sub, np.full(d, t), ratio, rho, mix)
+                    if best is None or f.evidence > best.evidence:
+                        best = f
+    assert best is not None
+    if config.ard and own >= config.ard_min and d > 1:
+        for _ in range(ARD_SWEEPS):
+            for j in range(d):
+                for t in config.theta_grid:
+                    theta = best.theta.copy()
+                    theta[j] = t
+                    _, f = _log_evidence(dist, sub, theta, best.ratio, best.rho, best.mix)
+                    if f.evidence > best.evidence + 1e-9:
+                        best = f
+    return best
+
+
+class _Posterior:
+    """The GP posterior over a pool of settings, with rank-one updates for believed picks."""
+
+    def __init__(self, enc: _Encoding, data: _Data, fit: _Fit, pool: np.ndarray) -> None:
+        self.enc, self.fit, self.pool = enc, fit, pool
+        self.theta = fit.theta
+        c = _correlation(_distances(data.codes, data.codes, enc), fit.theta, fit.mix)
+        cross = data.task[:, None] != data.task[None, :]
+        c = np.where(cross, fit.rho * c, c)
+        rel = data.noise / max(float(np.median(data.noise)), 1e-12)
+        c = c + np.diag(fit.ratio * rel + 1e-8)
+        self.chol = np.linalg.cholesky(c)
+        kx = _correlation(_distances(pool, data.codes, enc), fit.theta, fit.mix)
+        kx = np.where(data.task[None, :] == 1, fit.rho * kx, kx)
+        self.a = np.linalg.solve(self.chol, kx.T)  # n × m
+        resid = data.y - fit.levels[data.task]
+        self.mean = fit.levels[0] + self.a.T @ np.linalg.solve(self.chol, resid)
+        self.var = fit.scale * np.maximum(1.0 - (self.a * self.a).sum(axis=0), 1e-12)
+        self.noise = fit.scale * fit.ratio
+        self.levers: list[np.ndarray] = []
+        """Posterior covariances (pool × pick) of the believed picks, conditioned in turn."""
+
+    def cov_with(self, i: int) -> np.ndarray:
+        """Posterior covariance of every pool setting with pool setting ``i`` (believed picks included)."""
+        prior = _correlation(_distances(self.pool, self.pool[i : i + 1], self.enc)[:, 0, :], self.theta, self.fit.mix)
+        cov = self.fit.scale * (prior - self.a.T @ self.a[:, i])
+        for lever in self.levers:
+            cov -= lever * lever[i]
+        return cov
+
+    def believe(self, i: int) -> None:
+        """Condition on pick ``i`` coming back as predicted: spreads shrink near it, the mean stays."""
+        cov = self.cov_with(i)
+        lever = cov / math.sqrt(max(cov[i] + self.noise, 1e-12))
+        self.levers.append(lever)
+        self.var = np.maximum(self.var - lever * lever, 1e-12)
+
+
+def _own_and_siblings(problem: Problem, lessons: dict[str, Any] | None) -> tuple[list[tuple[dict[str, Any], float, float]], list[tuple[dict[str, Any], float, float]]]:
+    own, siblings = [], []
+    for setting in (lessons or {}).get("settings") or []:
+        n = int(setting.get("n", 0))
+        if not setting.get("params") or n <= 0:
+            continue
+        var = max(0.03**2, _reading_var(setting) or 0.0) / n
+        row = (dict(setting["params"]), float(setting["log_speedup_mean"]), var)
+        (own if setting.get("problem") == problem.name else siblings).append(row)
+    return own, siblings
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+
+
+class GaussianProcessProposer:
+    """Bayesian optimisation with an exponentiated-Hamming Gaussian process over the template's settings."""
+
+    name = "gp"
+    config = GPConfig()
+
+    def propose(self, problem: Problem, context: ProposalContext) -> list[Candidate]:
+        space = template_space(problem)
+        if not space or context.count <= 0:
+            return []
+        cfg = self.config
+        seen = set(context.seen) | settled_candidates(
+            problem, context.lessons, context.incumbent_evidence, measurement_method(context.target), context.machine
+        )
+        ids = _setting_ids(problem, space, context.flags)
+        fresh = np.array([i for i, cid in enumerate(ids) if cid not in seen], dtype=np.int64)
+        if not len(fresh):
+            return []
+        enc = _ENCODINGS.get((problem.space_identity(), "gp", cfg.ordinal), lambda: _encoding(problem, space, cfg.ordinal))
+        own, siblings = _own_and_siblings(problem, context.lessons)
+        rows = own + (siblings if cfg.transfer else [])
+        data = _Data(
+            codes=np.array([enc.encode(p) for p, _, _ in rows], dtype=np.int16).reshape(len(rows), len(enc.knobs)),
+            y=np.array([m for _, m, _ in rows]),
+            noise=np.array([v for _, _, v in rows]),
+            task=np.array([0] * len(own) + [1] * (len(rows) - len(own)), dtype=np.int64),
+        )
+        fit = fit_gp(enc, data, cfg)
+        if _DEBUG:
+            print(f"gen {context.generation} own {len(own)} theta {np.round(fit.theta, 2).tolist()} ratio {fit.ratio} mix {fit.mix} sd {math.sqrt(fit.scale):.3f} level {fit.levels[0]:.2f}")
+        if len(rows) == 0:
+            data = _Data(np.zeros((0, len(enc.knobs)), dtype=np.int16), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+        post = _Posterior(enc, data, fit, enc.codes[fresh])
+        rng = np.random.default_rng([context.seed, context.generation])
+        correct = self._correctness(problem, enc, context, fresh)
+        evaluated = len(set(context.seen))
+        informed = len(own) > 0
+        exploiting = (
+            exploit_picks(evaluated, context.count) if informed and cfg.exploit_period == EXPLOIT_PERIOD else 0
+        )
+        incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
+        inc_codes = enc.encode(incumbent) if incumbent else None
+        near = (enc.codes[fresh] != inc_codes).sum(axis=1) if inc_codes is not None else None
+        best_y = max((m for _, m, _ in own), default=-math.inf)
+        alive = np.ones(len(fresh), dtype=bool)
+        parent_id = context.incumbent.candidate_id if context.incumbent else None
+        draws = None
+        picks: list[Candidate] = []
+        for index in range(context.count):
+            if not alive.any():
+                break
+            pool = np.flatnonzero(alive)
+            mode = "explore"
+            if index < exploiting:
+                mode, score = "exploit-mean", post.mean[pool]
+            else:
+                if cfg.neighbours and near is not None and index % 2 == 1:
+                    close = pool[(near[pool] >= 1) & (near[pool] <= 2)]
+                    if len(close):
+                        pool, mode = close, "exploit"
+                sd = np.sqrt(post.var[pool])
+                if cfg.acquisition == "ei" and informed:
+                    z = (post.mean[pool] - best_y) / sd
+                    score = np.log(np.maximum(sd * (z * _norm_cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)), 1e-300))
+                elif cfg.acquisition == "ts" and informed:
+                    # One joint draw over the fresh settings per pick would cost m²; draw over the pool's 256
+                    # best upper bounds instead (where a Thompson pick almost surely lands).
+                    top = pool[np.argsort(-(post.mean[pool] + 3 * sd))[:256]]
+                    cov = np.stack([post.cov_with(int(i))[top] for i in top])
+                    w, v = np.linalg.eigh((cov + cov.T) / 2)
+                    draw = post.mean[top] + v @ (np.sqrt(np.maximum(w, 0)) * rng.standard_normal(len(w)))
+                    pool, score = top, draw
+                else:
+                    score = post.mean[pool] + cfg.kappa * sd
+            jitter = rng.uniform(0.0, 1e-9, len(pool))
+            best = int(pool[int(np.argmax(score + correct[pool] + jitter))])
+            post.believe(best)
+            alive[best] = False
+            params = space[int(fresh[best])]
+            rationale = (
+                f"{mode}: Gaussian process over {len(own)} measured settings chose "
+                + " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+                + f"; predicted {math.exp(float(post.mean[best])):.2f}x numpy"
+            )
+            candidate = template_candidate(problem, params, context.flags, proposer=self.name, parent_id=parent_id)
+            picks.append(candidate.model_copy(update={"rationale": rationale}))
+        del draws
+        return picks
+
+    @staticmethod
+    def _correctness(problem: Problem, enc: _Encoding, context: ProposalContext, fresh: np.ndarray) -> np.ndarray:
+        """ln P(correct) of each fresh setting (a sum over its values), less the dead-end penalty."""
+        priors = _priors(context.lessons)
+        table = np.zeros((len(enc.knobs), max(len(v) for v in enc.values) + 1))
+        for j, (k, vals) in enumerate(zip(enc.knobs, enc.values, strict=True)):
+            for c, v in enumerate(vals):
+                cor = correctness_of(priors.get(change_of(k, v)))
+                table[j, c] = math.log(cor.alpha / (cor.alpha + cor.beta)) - (DEAD_END_PENALTY if cor.dead_end else 0.0)
+        codes = enc.codes[fresh]
+        return table[np.arange(len(enc.knobs))[None, :], np.minimum(codes, table.shape[1] - 1)].sum(axis=1)
+
+
+def variant(name: str, **changes: Any) -> type[GaussianProcessProposer]:
+    """A GaussianProcessProposer class with ``changes`` to its GPConfig (for the replay's comparisons)."""
+    return type(f"GP_{name}", (GaussianProcessProposer,), {"name": name, "config": GPConfig(**changes)})
