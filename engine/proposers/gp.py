@@ -39,6 +39,10 @@ from engine.proposers.random_template import SpaceCache, template_candidate, tem
 from engine.proposers.search import (
     DEAD_END_PENALTY,
     EXPLOIT_PERIOD,
+    TRANSFER_UCB_KAPPA,
+    _agreement,
+    _family_holds,
+    family_favourites,
     _priors,
     _reading_var,
     _setting_ids,
@@ -64,6 +68,12 @@ MAX_OBSERVATIONS = 96
 """Most recent observations the hyperparameters are fitted to."""
 
 RHO_GRID = (0.0, 0.5, 0.8)
+
+RHO_PRIOR = 0.5
+"""The correlation between a problem and its siblings before it has RHO_MIN_OWN readings of its own."""
+
+RHO_MIN_OWN = 4
+"""Own readings from which the correlation with the siblings is fitted."""
 
 MIX_GRID = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.7, 0.3, 0.0), (0.5, 0.2, 0.3), (0.3, 0.2, 0.5), (0.5, 0.0, 0.5))
 """Shares of the correlation (main effects, pairs, every order) tried: see _correlation."""
@@ -92,6 +102,10 @@ class GPConfig:
     theta_grid: tuple[float, ...] = THETA_GRID
     mix_grid: tuple[tuple[float, float, float], ...] = ((0.0, 0.0, 1.0),)
     """Kernel shares tried (see _correlation); the default the plain exponentiated Hamming kernel."""
+    favourites: bool = True
+    """In a search its family informs, exploit picks take the family's fastest settings first (as search.py)."""
+    first_random: bool = False
+    """With nothing measured: uniform draws rather than settings that cover the values."""
     prior_theta: float | None = None
     """With fewer than 4 observations: this shared θ (None: the grid's middle)."""
 
@@ -181,19 +195,44 @@ def _correlation(dist: np.ndarray, theta: np.ndarray, mix: tuple[float, float, f
     """The prior correlation of settings at per-knob distances ``dist`` (…×d): shares ``mix`` of a sum of main
     effects (each knob weighing 1 - e^-θ), of pairs of them, and of the exponentiated Hamming kernel (every
     order of interaction), each scaled to 1 at distance 0."""
+    w = 1.0 - np.exp(-theta)
+    same = (1.0 - dist) * w
+    return _combine(dist @ theta, same.sum(axis=-1), (same * same).sum(axis=-1), w, mix)
+
+
+def _combine(
+    exponent: np.ndarray, s: np.ndarray, sq: np.ndarray, w: np.ndarray, mix: tuple[float, float, float]
+) -> np.ndarray:
+    """The correlation from its sums over the knobs: Σθd (exponent), Σw(1-d) (s) and Σ(w(1-d))² (sq)."""
     main, pair, every = mix
-    out = every * np.exp(-(dist @ theta)) if every else 0.0
-    if main or pair:
-        w = 1.0 - np.exp(-theta)
-        total = max(float(w.sum()), 1e-12)
-        same = (1.0 - dist) * w
-        s = same.sum(axis=-1)
-        if main:
-            out = out + main * s / total
-        if pair:
-            pairs = 0.5 * (s * s - (same * same).sum(axis=-1))
-            out = out + pair * pairs / max(0.5 * (total * total - float((w * w).sum())), 1e-12)
-    return np.asarray(out)
+    total = max(float(w.sum()), 1e-12)
+    out = np.zeros_like(s)
+    if every:
+        out += every * np.exp(-exponent)
+    if main:
+        out += main * s / total
+    if pair:
+        out += pair * 0.5 * (s * s - sq) / max(0.5 * (total * total - float((w * w).sum())), 1e-12)
+    return out
+
+
+def _cross_correlation(
+    a: np.ndarray, b: np.ndarray, enc: _Encoding, theta: np.ndarray, mix: tuple[float, float, float]
+) -> np.ndarray:
+    """_correlation between code rows ``a`` (m×d) and ``b`` (n×d), a knob at a time: m×n memory, not m×n×d (a
+    space of 8,000 settings against a hundred readings)."""
+    w = 1.0 - np.exp(-theta)
+    exponent = np.zeros((len(a), len(b)))
+    s = np.zeros((len(a), len(b)))
+    sq = np.zeros((len(a), len(b)))
+    for j in range(len(enc.knobs)):
+        diff = a[:, j, None].astype(np.int32) - b[None, :, j].astype(np.int32)
+        d = np.abs(diff) / enc.span[j] if enc.ordinal[j] else (diff != 0).astype(np.float64)
+        exponent += theta[j] * d
+        same = (1.0 - d) * w[j]
+        s += same
+        sq += same * same
+    return _combine(exponent, s, sq, w, mix)
 
 
 def _log_evidence(
@@ -232,7 +271,9 @@ def fit_gp(enc: _Encoding, data: _Data, config: GPConfig) -> _Fit:
     sub = _Data(data.codes[recent], data.y[recent], data.noise[recent], data.task[recent])
     dist = _distances(sub.codes, sub.codes, enc)
     own = int((sub.task == 0).sum())
-    rhos = RHO_GRID if (sub.task == 1).any() else (0.0,)
+    # With few readings of its own the problem cannot tell how far its siblings' readings speak for it: the
+    # prior guess RHO_PRIOR, until it has RHO_MIN_OWN.
+    rhos = (RHO_GRID if own >= RHO_MIN_OWN else (RHO_PRIOR,)) if (sub.task == 1).any() else (0.0,)
     if own + (sub.task == 1).sum() < 4:
         t = config.prior_theta if config.prior_theta is not None else config.theta_grid[len(config.theta_grid) // 2]
         return _Fit(np.full(d, t), NOISE_RATIO_GRID[1], 0.0, 1.0, config.mix_grid[0], np.zeros(2), 0.0)
@@ -269,7 +310,7 @@ class _Posterior:
         rel = data.noise / max(float(np.median(data.noise)), 1e-12)
         c = c + np.diag(fit.ratio * rel + 1e-8)
         self.chol = np.linalg.cholesky(c)
-        kx = _correlation(_distances(pool, data.codes, enc), fit.theta, fit.mix)
+        kx = _cross_correlation(pool, data.codes, enc, fit.theta, fit.mix)
         kx = np.where(data.task[None, :] == 1, fit.rho * kx, kx)
         self.a = np.linalg.solve(self.chol, kx.T)  # n × m
         resid = data.y - fit.levels[data.task]
@@ -281,7 +322,7 @@ class _Posterior:
 
     def cov_with(self, i: int) -> np.ndarray:
         """Posterior covariance of every pool setting with pool setting ``i`` (believed picks included)."""
-        prior = _correlation(_distances(self.pool, self.pool[i : i + 1], self.enc)[:, 0, :], self.theta, self.fit.mix)
+        prior = _cross_correlation(self.pool, self.pool[i : i + 1], self.enc, self.theta, self.fit.mix)[:, 0]
         cov = self.fit.scale * (prior - self.a.T @ self.a[:, i])
         for lever in self.levers:
             cov -= lever * lever[i]
@@ -309,6 +350,22 @@ def _own_and_siblings(problem: Problem, lessons: dict[str, Any] | None) -> tuple
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class _Count:
+    """What _family_holds reads of a posterior: how many own readings it rests on."""
+
+    observations: int
+
+
+def _exploit_picks(evaluated: int, count: int, period: int) -> int:
+    """exploit_picks with another period (0: none)."""
+    if period <= 0:
+        return 0
+    if period == EXPLOIT_PERIOD:
+        return exploit_picks(evaluated, count)
+    return (evaluated + count - 1) // period - (evaluated - 1) // period
 
 
 class GaussianProcessProposer:
@@ -348,8 +405,11 @@ class GaussianProcessProposer:
         correct = self._correctness(problem, enc, context, fresh)
         evaluated = len(set(context.seen))
         informed = len(own) > 0
+        family = bool(siblings) and cfg.transfer
+        favourites = family_favourites(problem, context.lessons) if family and cfg.favourites else []
+        following = bool(favourites) and _family_holds(_Count(len(own)), problem, context.lessons, favourites)
         exploiting = (
-            exploit_picks(evaluated, context.count) if informed and cfg.exploit_period == EXPLOIT_PERIOD else 0
+            _exploit_picks(evaluated, context.count, cfg.exploit_period) if informed or family else 0
         )
         incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
         inc_codes = enc.encode(incumbent) if incumbent else None
@@ -364,7 +424,17 @@ class GaussianProcessProposer:
                 break
             pool = np.flatnonzero(alive)
             mode = "explore"
-            if index < exploiting:
+            jitter_scale = 1e-9
+            favourite = None
+            if index < exploiting and following:
+                turn = (evaluated + index) // EXPLOIT_PERIOD
+                favourite = favourites[turn] if turn < len(favourites) else None
+            if favourite is not None:
+                # As the search proposer does: the setting sharing most of the family's next favourite's values.
+                agreement = np.array([_agreement(space[int(fresh[i])], favourite.params) for i in pool])
+                pool = pool[agreement == agreement.max()]
+                mode, score = "exploit-family", post.mean[pool]
+            elif index < exploiting:
                 mode, score = "exploit-mean", post.mean[pool]
             else:
                 if cfg.neighbours and near is not None and index % 2 == 1:
@@ -375,6 +445,12 @@ class GaussianProcessProposer:
                 if cfg.acquisition == "ei" and informed:
                     z = (post.mean[pool] - best_y) / sd
                     score = np.log(np.maximum(sd * (z * _norm_cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)), 1e-300))
+                elif family and not informed:
+                    # Nothing of its own yet: an upper bound on the siblings' hypothesis, close to it.
+                    score = post.mean[pool] + TRANSFER_UCB_KAPPA * sd
+                elif cfg.first_random and not informed:
+                    score = np.zeros(len(pool))
+                    jitter_scale = 1.0
                 elif cfg.acquisition == "ts" and informed:
                     # One joint draw over the fresh settings per pick would cost m²; draw over the pool's 256
                     # best upper bounds instead (where a Thompson pick almost surely lands).
@@ -385,7 +461,7 @@ class GaussianProcessProposer:
                     pool, score = top, draw
                 else:
                     score = post.mean[pool] + cfg.kappa * sd
-            jitter = rng.uniform(0.0, 1e-9, len(pool))
+            jitter = rng.uniform(0.0, jitter_scale, len(pool))
             best = int(pool[int(np.argmax(score + correct[pool] + jitter))])
             post.believe(best)
             alive[best] = False
