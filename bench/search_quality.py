@@ -99,6 +99,7 @@ from engine.harness.verdicts import measurement_method
 from engine.problems import Problem, builtin_problems, load_problem
 from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import Proposer
+from engine.proposers.gp import GaussianProcessProposer
 from engine.replay.landscape import Landscape, stored_recordings
 from engine.replay.recording import DEFAULT_BUDGET_S, DEFAULT_REPEATS, RecordingPlan, record_landscape
 from engine.replay.scoring import (
@@ -140,7 +141,11 @@ evaluations a cold search needs, on most of the family's problems."""
 MAX_TIMEOUTS = 3
 """Kernel Tuner searches of one strategy on one problem that may time out before the rest are skipped."""
 
-PROPOSERS: dict[str, type[Proposer]] = {"random": RandomTemplateProposer, "search": SearchProposer}
+PROPOSERS: dict[str, type[Proposer]] = {
+    "random": RandomTemplateProposer,
+    "search": SearchProposer,
+    "gp": GaussianProcessProposer,
+}
 """Our proposers replayed (the offline ones: the LLM proposers need a model)."""
 
 
@@ -292,8 +297,9 @@ def replay_transfer(
     horizon: int,
     per_generation: int,
     first_seed: int = 0,
+    proposer: str = "search",
 ) -> list[list[float | None]]:
-    """Leave-one-out transfer: each repetition replays a cold search of each source problem (another problem
+    """Leave-one-out transfer (by ``proposer``, the source searches' and the transfer search's): each repetition replays a cold search of each source problem (another problem
     of the family, TRANSFER_SOURCE_BUDGET evaluations on its own landscape), then a search of ``problem``
     whose only lessons are theirs, as a first search of a problem on a log its family has searched before
     would see them. Its seed is the cold search's of the same repetition (replay_proposer), so the two differ
@@ -304,7 +310,7 @@ def replay_transfer(
         for source, source_landscape in sources:
             lessons = ReplayLessons(recorded_space(source, source_landscape), source_landscape.target)
             replay_search(
-                SearchProposer(),
+                PROPOSERS[proposer](),
                 source,
                 source_landscape,
                 evaluations=TRANSFER_SOURCE_BUDGET,
@@ -315,7 +321,7 @@ def replay_transfer(
             family.append(lessons)
         lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target, family=family)
         search = replay_search(
-            SearchProposer(),
+            PROPOSERS[proposer](),
             problem,
             landscape,
             evaluations=horizon,
@@ -336,6 +342,7 @@ def transfer_row(
     horizon: int,
     per_generation: int,
     first_seed: int = 0,
+    proposer: str = "search",
 ) -> dict[str, Any]:
     """One family problem's transfer figures: its cold searches (the first ``len(cold)`` repetitions of the
     search proposer's replay, seeds from ``first_seed``) against as many leave-one-out transfer searches with
@@ -348,6 +355,7 @@ def transfer_row(
         horizon,
         per_generation,
         first_seed,
+        proposer,
     )
     cold_evals = median_evals_to(landscape, cold, 0.95)
     transfer_evals = median_evals_to(landscape, runs, 0.95)
@@ -461,6 +469,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="leave-one-out transfer searches per family problem (default: a quarter of --repetitions; 0: none)",
     )
+    parser.add_argument(
+        "--transfer-proposer",
+        default="search",
+        help="the proposer whose warm starts and leave-one-out transfer are replayed (default: search)",
+    )
     args = parser.parse_args(argv)
     if args.first_seed < 0:
         # numpy's generators take no negative seed, and would say so only after the landscapes were loaded.
@@ -517,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{name} {who}: score {scores[who][name]} (95% {intervals[who][name]}), "
                 f"share_of_optimum {shares[who][name]}, evals_to_95pct {evals[who][name]}"
             )
-            if who == "search":
+            if who == args.transfer_proposer:
                 reps = max(args.repetitions // WARM_REPETITIONS_DIVISOR, 1)
                 warm[name] = replay_warm(
                     who, problem, landscape, reps, WARM_BUDGET, args.per_generation, args.first_seed
@@ -534,6 +547,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         horizon,
                         args.per_generation,
                         args.first_seed,
+                        who,
                     )
                     say(f"{name} transfer from {', '.join(sources)}: {transfer[name]}")
         why_not = kernel_tuner_peer.available()

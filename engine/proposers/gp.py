@@ -82,30 +82,31 @@ MIX_GRID = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.7, 0.3, 0.0), (0.5, 0.2, 0.3), 
 
 @dataclass(frozen=True)
 class GPConfig:
-    """What a variant of the GP proposer does (the replay compares them)."""
+    """What a variant of the GP proposer does (the replay compares them); the defaults are the best replayed."""
 
-    acquisition: str = "ucb"
-    """ucb, ei or ts (Thompson sampling over the fresh pool, batch by independent draws)."""
+    acquisition: str = "ei"
+    """ei (expected improvement over the best own reading), ucb (mean + kappa spreads) or ts (Thompson sampling
+    over the 256 best upper bounds)."""
     kappa: float = 2.0
-    """Spreads an upper bound adds."""
+    """Spreads an upper bound adds (ucb)."""
     exploit_period: int = EXPLOIT_PERIOD
     """One evaluation in this many takes the posterior mean's best (0: never)."""
     neighbours: bool = False
-    """Every other non-exploiting pick an upper bound among the incumbent's one/two-parameter neighbours."""
-    ordinal: bool = False
+    """Every other non-exploiting pick among the incumbent's one/two-parameter neighbours."""
+    ordinal: bool = True
     """Numeric knobs of three or more positive values: distance by rank, not 0/1."""
     ard: bool = True
-    """Per-knob θ by coordinate search (from ARD_MIN_OBSERVATIONS)."""
-    ard_min: int = ARD_MIN_OBSERVATIONS
+    """Per-knob θ by coordinate search (from ard_min own readings)."""
+    ard_min: int = 8
     transfer: bool = True
     """Sibling problems' readings join as a second task."""
     theta_grid: tuple[float, ...] = THETA_GRID
-    mix_grid: tuple[tuple[float, float, float], ...] = ((0.0, 0.0, 1.0),)
-    """Kernel shares tried (see _correlation); the default the plain exponentiated Hamming kernel."""
+    mix_grid: tuple[tuple[float, float, float], ...] = ((0.8, 0.2, 0.0),)
+    """Kernel shares (main effects, pairs, every order) tried by marginal likelihood, see _correlation."""
     favourites: bool = True
     """In a search its family informs, exploit picks take the family's fastest settings first (as search.py)."""
-    first_random: bool = False
-    """With nothing measured: uniform draws rather than settings that cover the values."""
+    first_random: bool = True
+    """With nothing measured (and no family): uniform draws rather than settings that cover the values."""
     prior_theta: float | None = None
     """With fewer than 4 observations: this shared θ (None: the grid's middle)."""
 
