@@ -299,11 +299,12 @@ def replay_transfer(
     first_seed: int = 0,
     proposer: str = "search",
 ) -> list[list[float | None]]:
-    """Leave-one-out transfer (by ``proposer``, the source searches' and the transfer search's): each repetition replays a cold search of each source problem (another problem
-    of the family, TRANSFER_SOURCE_BUDGET evaluations on its own landscape), then a search of ``problem``
-    whose only lessons are theirs, as a first search of a problem on a log its family has searched before
-    would see them. Its seed is the cold search's of the same repetition (replay_proposer), so the two differ
-    only by the lessons. The landscape values of each transfer search's evaluations, in order."""
+    """Leave-one-out transfer by ``proposer`` (the source searches' and the transfer search's): each repetition
+    replays a cold search of each source problem (another problem of the family, TRANSFER_SOURCE_BUDGET
+    evaluations on its own landscape), then a search of ``problem`` whose only lessons are theirs, as a first
+    search of a problem on a log its family has searched before would see them. Its seed is the cold search's
+    of the same repetition (replay_proposer), so the two differ only by the lessons. The landscape values of
+    each transfer search's evaluations, in order."""
     runs: list[list[float | None]] = []
     for seed in range(first_seed, first_seed + repetitions):
         family: list[ReplayLessons] = []

@@ -25,7 +25,6 @@ them out); the search proposer's family favourites are not used here.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,12 +41,13 @@ from engine.proposers.search import (
     TRANSFER_UCB_KAPPA,
     _agreement,
     _family_holds,
-    family_favourites,
+    _log_expected_improvement,
     _priors,
     _reading_var,
     _setting_ids,
     correctness_of,
     exploit_picks,
+    family_favourites,
     settled_candidates,
 )
 from engine.search.candidates import Candidate
@@ -158,10 +158,6 @@ class _Encoding:
 
 _MISSING = object()
 
-import os  # noqa: E402
-
-_DEBUG = bool(os.environ.get("GP_DEBUG"))
-
 
 def _encoding(problem: Problem, space: list[dict[str, Any]], ordinal: bool) -> _Encoding:
     params = problem.template_params
@@ -169,9 +165,7 @@ def _encoding(problem: Problem, space: list[dict[str, Any]], ordinal: bool) -> _
     values = [list(params[k]) for k in knobs]
     is_ord = np.array(
         [
-            ordinal
-            and len(v) >= 3
-            and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in v)
+            ordinal and len(v) >= 3 and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in v)
             for v in values
         ]
     )
@@ -337,8 +331,11 @@ class _Posterior:
         self.var = np.maximum(self.var - lever * lever, 1e-12)
 
 
-def _own_and_siblings(problem: Problem, lessons: dict[str, Any] | None) -> tuple[list[tuple[dict[str, Any], float, float]], list[tuple[dict[str, Any], float, float]]]:
-    own, siblings = [], []
+def _own_and_siblings(
+    problem: Problem, lessons: dict[str, Any] | None
+) -> tuple[list[tuple[dict[str, Any], float, float]], list[tuple[dict[str, Any], float, float]]]:
+    own: list[tuple[dict[str, Any], float, float]] = []
+    siblings: list[tuple[dict[str, Any], float, float]] = []
     for setting in (lessons or {}).get("settings") or []:
         n = int(setting.get("n", 0))
         if not setting.get("params") or n <= 0:
@@ -347,10 +344,6 @@ def _own_and_siblings(problem: Problem, lessons: dict[str, Any] | None) -> tuple
         row = (dict(setting["params"]), float(setting["log_speedup_mean"]), var)
         (own if setting.get("problem") == problem.name else siblings).append(row)
     return own, siblings
-
-
-def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
 
 
 @dataclass(frozen=True)
@@ -387,7 +380,9 @@ class GaussianProcessProposer:
         fresh = np.array([i for i, cid in enumerate(ids) if cid not in seen], dtype=np.int64)
         if not len(fresh):
             return []
-        enc = _ENCODINGS.get((problem.space_identity(), "gp", cfg.ordinal), lambda: _encoding(problem, space, cfg.ordinal))
+        enc = _ENCODINGS.get(
+            (problem.space_identity(), "gp", cfg.ordinal), lambda: _encoding(problem, space, cfg.ordinal)
+        )
         own, siblings = _own_and_siblings(problem, context.lessons)
         rows = own + (siblings if cfg.transfer else [])
         data = _Data(
@@ -397,10 +392,10 @@ class GaussianProcessProposer:
             task=np.array([0] * len(own) + [1] * (len(rows) - len(own)), dtype=np.int64),
         )
         fit = fit_gp(enc, data, cfg)
-        if _DEBUG:
-            print(f"gen {context.generation} own {len(own)} theta {np.round(fit.theta, 2).tolist()} ratio {fit.ratio} mix {fit.mix} sd {math.sqrt(fit.scale):.3f} level {fit.levels[0]:.2f}")
         if len(rows) == 0:
-            data = _Data(np.zeros((0, len(enc.knobs)), dtype=np.int16), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))
+            data = _Data(
+                np.zeros((0, len(enc.knobs)), dtype=np.int16), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+            )
         post = _Posterior(enc, data, fit, enc.codes[fresh])
         rng = np.random.default_rng([context.seed, context.generation])
         correct = self._correctness(problem, enc, context, fresh)
@@ -408,17 +403,16 @@ class GaussianProcessProposer:
         informed = len(own) > 0
         family = bool(siblings) and cfg.transfer
         favourites = family_favourites(problem, context.lessons) if family and cfg.favourites else []
-        following = bool(favourites) and _family_holds(_Count(len(own)), problem, context.lessons, favourites)
-        exploiting = (
-            _exploit_picks(evaluated, context.count, cfg.exploit_period) if informed or family else 0
-        )
+        # _family_holds reads only how many own readings the posterior rests on.
+        counted = _Count(len(own))
+        following = bool(favourites) and _family_holds(counted, problem, context.lessons, favourites)  # type: ignore[arg-type]
+        exploiting = _exploit_picks(evaluated, context.count, cfg.exploit_period) if informed or family else 0
         incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
         inc_codes = enc.encode(incumbent) if incumbent else None
         near = (enc.codes[fresh] != inc_codes).sum(axis=1) if inc_codes is not None else None
         best_y = max((m for _, m, _ in own), default=-math.inf)
         alive = np.ones(len(fresh), dtype=bool)
         parent_id = context.incumbent.candidate_id if context.incumbent else None
-        draws = None
         picks: list[Candidate] = []
         for index in range(context.count):
             if not alive.any():
@@ -444,8 +438,7 @@ class GaussianProcessProposer:
                         pool, mode = close, "exploit"
                 sd = np.sqrt(post.var[pool])
                 if cfg.acquisition == "ei" and informed:
-                    z = (post.mean[pool] - best_y) / sd
-                    score = np.log(np.maximum(sd * (z * _norm_cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)), 1e-300))
+                    score = _log_expected_improvement(post.mean[pool], sd, best_y)
                 elif family and not informed:
                     # Nothing of its own yet: an upper bound on the siblings' hypothesis, close to it.
                     score = post.mean[pool] + TRANSFER_UCB_KAPPA * sd
@@ -474,7 +467,6 @@ class GaussianProcessProposer:
             )
             candidate = template_candidate(problem, params, context.flags, proposer=self.name, parent_id=parent_id)
             picks.append(candidate.model_copy(update={"rationale": rationale}))
-        del draws
         return picks
 
     @staticmethod

@@ -303,7 +303,9 @@ class SearchProposer:
                 speed = predicted_mean[pool]
             elif ACQUISITION == "ei" and own_best is not None:
                 # Expected improvement over the best own reading, under the explorer (an experiment: see ACQUISITION).
-                speed = _log_expected_improvement(explorer_mean[pool], np.sqrt(np.maximum(variance[pool], 1e-12)), own_best)
+                speed = _log_expected_improvement(
+                    explorer_mean[pool], np.sqrt(np.maximum(variance[pool], 1e-12)), own_best
+                )
             else:
                 # Upper bounds come from the explorer: a setting's bound must not be ruled out by one slow
                 # reading of a pair that was blamed on a value's main effect.
