@@ -186,6 +186,11 @@ def _distances(a: np.ndarray, b: np.ndarray, enc: _Encoding) -> np.ndarray:
     return np.where(enc.ordinal, np.abs(diff) / enc.span, diff != 0).astype(np.float64)
 
 
+def _relative(noise: np.ndarray) -> np.ndarray:
+    """Each observation's noise in units of the typical one (the noise ratio is fitted for the typical one)."""
+    return noise / max(float(np.median(noise)), 1e-12) if len(noise) else noise
+
+
 def _correlation(dist: np.ndarray, theta: np.ndarray, mix: tuple[float, float, float]) -> np.ndarray:
     """The prior correlation of settings at per-knob distances ``dist`` (…×d): shares ``mix`` of a sum of main
     effects (each knob weighing 1 - e^-θ), of pairs of them, and of the exponentiated Hamming kernel (every
@@ -239,7 +244,7 @@ def _log_evidence(
     cross = data.task[:, None] != data.task[None, :]
     c = np.where(cross, rho * c, c)
     # Relative noise: each observation's noise in units of the typical one.
-    rel = data.noise / max(float(np.median(data.noise)), 1e-12)
+    rel = _relative(data.noise)
     c = c + np.diag(ratio * rel + 1e-8)
     try:
         chol = np.linalg.cholesky(c)
@@ -302,7 +307,7 @@ class _Posterior:
         c = _correlation(_distances(data.codes, data.codes, enc), fit.theta, fit.mix)
         cross = data.task[:, None] != data.task[None, :]
         c = np.where(cross, fit.rho * c, c)
-        rel = data.noise / max(float(np.median(data.noise)), 1e-12)
+        rel = _relative(data.noise)
         c = c + np.diag(fit.ratio * rel + 1e-8)
         self.chol = np.linalg.cholesky(c)
         kx = _cross_correlation(pool, data.codes, enc, fit.theta, fit.mix)
