@@ -1,5 +1,5 @@
-"""The experimental Gaussian-process proposer (engine/proposers/gp.py): the contract every proposer keeps, and
-that it learns from what it measured."""
+"""The Gaussian-process proposer (engine/proposers/gp.py, proposer kind ``gp``): the contract every proposer keeps,
+that it learns from what it measured, and that a search spec can name it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from engine.problems import load_problem
-from engine.proposers import ProposalContext
+from engine.proposers import ProposalContext, proposer_for
 from engine.proposers.gp import (
     GaussianProcessProposer,
     GPConfig,
@@ -20,6 +20,7 @@ from engine.proposers.gp import (
 from engine.proposers.random_template import template_space
 from engine.replay.simulation import RecordedSpace, fixed_space
 from engine.search.candidates import Candidate
+from engine.search.spec import SearchSpec
 
 SPACE: dict[str, list[Any]] = {
     "ACC": [1, 4, 8, 16],
@@ -91,3 +92,8 @@ def test_the_knob_by_knob_correlation_is_the_one_the_fit_uses() -> None:
         direct = _correlation(_distances(enc.codes[:7], enc.codes[:5], enc), theta, mix)
         assert np.allclose(direct, _cross_correlation(enc.codes[:7], enc.codes[:5], enc, theta, mix))
         assert np.allclose(np.diag(_correlation(_distances(enc.codes, enc.codes, enc), theta, mix)), 1.0)
+
+
+def test_a_search_spec_names_it_and_gets_it() -> None:
+    spec = SearchSpec.model_validate({"problem": "softmax", "proposer": {"kind": "gp"}})
+    assert isinstance(proposer_for(spec.proposer.kind), GaussianProcessProposer)

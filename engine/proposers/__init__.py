@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from engine.errors import UserError
 from engine.proposers.base import ProposalContext, Proposer
+from engine.proposers.gp import GaussianProcessProposer
 from engine.proposers.llm import LLMProposer
 from engine.proposers.mixed import MixedProposer
 from engine.proposers.outcomes import LLMCall, ProposalBatch, ProposalFailure, propose_batch
@@ -14,6 +15,7 @@ from engine.proposers.random_template import RandomTemplateProposer
 from engine.proposers.search import SearchProposer
 
 __all__ = [
+    "GaussianProcessProposer",
     "LLMCall",
     "LLMProposer",
     "MixedProposer",
@@ -37,6 +39,8 @@ def proposer_for(kind: str, models: list[str] | None = None) -> Proposer:
         return RandomTemplateProposer()
     if kind == "search":
         return SearchProposer()
+    if kind == "gp":
+        return GaussianProcessProposer()
     if kind in ("llm", "mixed"):
         llm = LLMProposer()
         if models is not None:
@@ -45,4 +49,4 @@ def proposer_for(kind: str, models: list[str] | None = None) -> Proposer:
             return llm
         # The swarm's offline share (and whatever the models fail to deliver) goes to the search proposer.
         return MixedProposer(llm, SearchProposer())
-    raise UserError(f"proposer {kind!r} is not available yet; use proposer kind 'random' or 'search'")
+    raise UserError(f"proposer {kind!r} is not available yet; use proposer kind 'random', 'search' or 'gp'")

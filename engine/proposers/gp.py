@@ -1,4 +1,5 @@
-"""An experimental proposer (branch gp-exp): Bayesian optimisation with a Gaussian process over a template's settings.
+"""The Gaussian-process proposer (proposer kind ``gp``): Bayesian optimisation with a Gaussian process over a
+template's settings. An alternative to the default search proposer, not yet the default (see the figures below).
 
 The search proposer (engine/proposers/search.py) models ln(speedup) as a Bayesian linear regression on one effect
 per parameter value and one per pair of values. This one puts a Gaussian process on it, its prior correlation of
@@ -66,7 +67,6 @@ from engine.proposers.search import (
     TRANSFER_UCB_KAPPA,
     _agreement,
     _family_holds,
-    _log_expected_improvement,
     _priors,
     _reading_var,
     _setting_ids,
@@ -93,6 +93,7 @@ MAX_OBSERVATIONS = 96
 """Most recent observations the hyperparameters are fitted to."""
 
 RHO_GRID = (0.0, 0.5, 0.8)
+"""Correlations between a problem and its siblings tried (transfer)."""
 
 RHO_PRIOR = 0.5
 """The correlation between a problem and its siblings before it has RHO_MIN_OWN readings of its own."""
@@ -102,7 +103,6 @@ RHO_MIN_OWN = 4
 
 MIX_GRID = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.7, 0.3, 0.0), (0.5, 0.2, 0.3), (0.3, 0.2, 0.5), (0.5, 0.0, 0.5))
 """Shares of the correlation (main effects, pairs, every order) tried: see _correlation."""
-"""Correlations between a problem and its siblings tried (transfer)."""
 
 
 @dataclass(frozen=True)
@@ -376,13 +376,6 @@ def _own_and_siblings(
     return own, siblings
 
 
-@dataclass(frozen=True)
-class _Count:
-    """What _family_holds reads of a posterior: how many own readings it rests on."""
-
-    observations: int
-
-
 def _exploit_picks(evaluated: int, count: int, period: int) -> int:
     """exploit_picks with another period (0: none)."""
     if period <= 0:
@@ -393,7 +386,8 @@ def _exploit_picks(evaluated: int, count: int, period: int) -> int:
 
 
 class GaussianProcessProposer:
-    """Bayesian optimisation with an exponentiated-Hamming Gaussian process over the template's settings."""
+    """Bayesian optimisation with a Gaussian process over the template's settings: main effects and pairs of knob
+    values as its correlation (GPConfig's defaults), expected improvement, a uniform first generation."""
 
     name = "gp"
     config = GPConfig()
@@ -433,9 +427,7 @@ class GaussianProcessProposer:
         informed = len(own) > 0
         family = bool(siblings) and cfg.transfer
         favourites = family_favourites(problem, context.lessons) if family and cfg.favourites else []
-        # _family_holds reads only how many own readings the posterior rests on.
-        counted = _Count(len(own))
-        following = bool(favourites) and _family_holds(counted, problem, context.lessons, favourites)  # type: ignore[arg-type]
+        following = bool(favourites) and _family_holds(len(own), problem, context.lessons, favourites)
         exploiting = _exploit_picks(evaluated, context.count, cfg.exploit_period) if informed or family else 0
         incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
         inc_codes = enc.encode(incumbent) if incumbent else None
@@ -468,7 +460,7 @@ class GaussianProcessProposer:
                         pool, mode = close, "exploit"
                 sd = np.sqrt(post.var[pool])
                 if cfg.acquisition == "ei" and informed:
-                    score = _log_expected_improvement(post.mean[pool], sd, best_y)
+                    score = log_expected_improvement(post.mean[pool], sd, best_y)
                 elif family and not informed:
                     # Nothing of its own yet: an upper bound on the siblings' hypothesis, close to it.
                     score = post.mean[pool] + TRANSFER_UCB_KAPPA * sd
@@ -515,3 +507,10 @@ class GaussianProcessProposer:
 def variant(name: str, **changes: Any) -> type[GaussianProcessProposer]:
     """A GaussianProcessProposer class with ``changes`` to its GPConfig (for the replay's comparisons)."""
     return type(f"GP_{name}", (GaussianProcessProposer,), {"name": name, "config": GPConfig(**changes)})
+
+
+def log_expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """ln E[max(f - best, 0)] for f ~ N(mean, sd²), floored far below any real improvement."""
+    z = (mean - best) / sd
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in z]))
+    return np.log(np.maximum(sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)), 1e-300))

@@ -179,10 +179,6 @@ COVERING_SETTINGS = 12
 """Measured settings of the problem itself after which the explorer's main effects are the fitted ones, and a
 transfer search's upper bounds take UCB_KAPPA spreads instead of TRANSFER_UCB_KAPPA."""
 
-ACQUISITION = "ucb"
-"""How the non-exploiting picks score a setting: ucb (the upper bound, mean + kappa spreads) or ei (expected
-improvement over the problem's best own reading, under the explorer). An experiment (branch gp-exp)."""
-
 SETTLED_READING_SD = 0.08
 """Least spread of one reading of ln(speedup) assumed when judging whether a setting is settled (a shared
 machine's readings of one kernel swing by several percent): one reading must be about 15% below the
@@ -262,14 +258,13 @@ class SearchProposer:
         )
         distance = _distances(space, fresh, incumbent) if incumbent and NEIGHBOURHOOD else None
         favourites = family_favourites(problem, context.lessons) if transferred else []
-        following = bool(favourites) and _family_holds(posterior, problem, context.lessons, favourites)
+        following = bool(favourites) and _family_holds(posterior.observations, problem, context.lessons, favourites)
         alive = np.ones(len(fresh), dtype=bool)
         # ``seen`` holds every candidate the search evaluated (the seed among them): where it stands in its budget.
         evaluated = len(set(context.seen))
         exploiting = exploit_picks(evaluated, context.count) if informed else 0
         # A search its family informs follows the family's lessons more closely until it has its own evidence.
         kappa = TRANSFER_UCB_KAPPA if transferred and posterior.observations < COVERING_SETTINGS else UCB_KAPPA
-        own_best = _own_best(problem, context.lessons)
         picks: list[Candidate] = []
         for index in range(context.count):
             if not alive.any():
@@ -301,11 +296,6 @@ class SearchProposer:
                 pool = neighbours if mode == "exploit" else np.flatnonzero(alive)
             if mode in ("exploit-mean", "exploit-family"):
                 speed = predicted_mean[pool]
-            elif ACQUISITION == "ei" and own_best is not None:
-                # Expected improvement over the best own reading, under the explorer (an experiment: see ACQUISITION).
-                speed = _log_expected_improvement(
-                    explorer_mean[pool], np.sqrt(np.maximum(variance[pool], 1e-12)), own_best
-                )
             else:
                 # Upper bounds come from the explorer: a setting's bound must not be ruled out by one slow
                 # reading of a pair that was blamed on a value's main effect.
@@ -359,23 +349,6 @@ class SearchProposer:
         if mode == "exploit-family":
             return f"exploit: nearest setting to the family's favourite, {setting}; {guess}"
         return f"explore: upper bound over the template space chose {setting}; {guess}"
-
-
-def _own_best(problem: Problem, lessons: dict[str, Any] | None) -> float | None:
-    """The problem's fastest measured setting's mean ln(speedup); None before any."""
-    own = [
-        float(setting["log_speedup_mean"])
-        for setting in (lessons or {}).get("settings") or []
-        if setting.get("problem") == problem.name and setting.get("params") and int(setting.get("n", 0)) > 0
-    ]
-    return max(own) if own else None
-
-
-def _log_expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
-    """ln E[max(f - best, 0)] for f ~ N(mean, sd²), floored far below any real improvement."""
-    z = (mean - best) / sd
-    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in z]))
-    return np.log(np.maximum(sd * (z * cdf + np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)), 1e-300))
 
 
 _HOW = {"exploit-mean": "posterior mean", "exploit-family": "the family's favourite"}
@@ -491,14 +464,14 @@ FAVOURITE_LIKE = 0.8
 
 
 def _family_holds(
-    posterior: Posterior | Mixture, problem: Problem, lessons: dict[str, Any] | None, favourites: list[Favourite]
+    observations: int, problem: Problem, lessons: dict[str, Any] | None, favourites: list[Favourite]
 ) -> bool:
     """Whether a transfer search still follows its family's favourites: while the problem has fewer than
     COVERING_SETTINGS measured settings of its own, and the fastest of those that test a favourite (share
     FAVOURITE_LIKE of its values) is at least as fast as the median of them all. A problem whose fast settings are
     not its family's (softmax among the norms) stops after its first reading of one; the mixture's weight cannot
     say so, since the family's transferred means are near zero."""
-    if posterior.observations >= COVERING_SETTINGS:
+    if observations >= COVERING_SETTINGS:  # the problem's own measured settings
         return False
     own = [
         (dict(setting["params"]), float(setting["log_speedup_mean"]))

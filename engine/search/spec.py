@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-ProposerKind = Literal["random", "search", "llm", "mixed"]
+ProposerKind = Literal["random", "search", "gp", "llm", "mixed"]
 
 MAX_THREADS = 1024
 """Most cores one kernel may use (a fixed cap: the spec is checked before any worker is known; `kf evaluate`
@@ -87,8 +87,10 @@ class ProposerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: ProposerKind = "search"
-    """`search` (the offline default): explores the template space with lessons as priors; `random`: uniform
-    draws from it (the control); `llm`: LLM roles through litellm; `mixed`: both in one generation."""
+    """`search` (the offline default): explores the template space with lessons as priors; `gp`: the same loop
+    with a Gaussian process as its model (offline; better on the replayed landscapes at 16-32 evaluations, not yet
+    the default); `random`: uniform draws from it (the control); `llm`: LLM roles through litellm; `mixed`: both in
+    one generation."""
     models: list[ModelName] = Field(default_factory=list, max_length=MAX_MODELS)
     """litellm model names for LLM proposers (e.g. `openai/gpt-4o`); empty means `KF_MODELS`."""
 
