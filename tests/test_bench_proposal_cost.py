@@ -25,6 +25,20 @@ def test_each_problem_gets_its_space_size_and_its_proposals_timed(monkeypatch: p
     assert proposal_cost.proposal_ms("kda", 1, row["space_settings"] + 10) > 0
 
 
+@pytest.mark.parametrize("proposer", ["search", "gp"])
+def test_a_proposal_with_evidence_offers_only_what_was_not_measured(
+    monkeypatch: pytest.MonkeyPatch, proposer: str
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import proposal_cost
+
+    problem = load_problem("kda")
+    lessons = proposal_cost.evidence(problem, 90)
+    assert len(lessons["settings"]) == 90 and {s["problem"] for s in lessons["settings"]} == {"kda"}
+    # 96 settings, 90 measured: a proposal of 10 can offer the other 6 only (proposal_ms checks the count).
+    assert proposal_cost.proposal_ms("kda", 2, 10, proposer, 90) > 0
+
+
 def test_an_unknown_problem_is_refused_before_anything_is_measured(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
