@@ -89,7 +89,7 @@ CLI_ROWS: list[tuple[list[str], list[str]]] = [
     ([*START, "--spec", '{"budget": {"max_llm_usd": -0.5}}'], ["budget.max_llm_usd", "from 0 to 10000"]),
     ([*START, "--spec", '{"promotion": {"margin": NaN}}'], ["promotion.margin", "from 0 to 1"]),
     ([*START, "--spec", '{"promotion": {"confidence": 0.2}}'], ["promotion.confidence", "more than 0.5"]),
-    ([*START, "--spec", '{"proposer": {"kind": "magic"}}'], ["proposer.kind", "one of random, search, llm"]),
+    ([*START, "--spec", '{"proposer": {"kind": "magic"}}'], ["proposer.kind", "one of random, search, gp, llm, mixed"]),
     ([*START, "--spec", json.dumps({"proposer": {"models": ["m"] * 17}})], ["proposer.models", "at most 16"]),
     ([*START, "--spec", '{"flags": "-O3"}'], ["flags", "a list of at most 64 items"]),
     ([*START, "--spec", '{"flags": [""]}'], ["flags.0", "1 to 256 characters"]),
