@@ -101,9 +101,6 @@ RHO_PRIOR = 0.5
 RHO_MIN_OWN = 4
 """Own readings from which the correlation with the siblings is fitted."""
 
-MIX_GRID = ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.7, 0.3, 0.0), (0.5, 0.2, 0.3), (0.3, 0.2, 0.5), (0.5, 0.0, 0.5))
-"""Shares of the correlation (main effects, pairs, every order) tried: see _correlation."""
-
 
 @dataclass(frozen=True)
 class GPConfig:
@@ -502,11 +499,6 @@ class GaussianProcessProposer:
                 table[j, c] = math.log(cor.alpha / (cor.alpha + cor.beta)) - (DEAD_END_PENALTY if cor.dead_end else 0.0)
         codes = enc.codes[fresh]
         return table[np.arange(len(enc.knobs))[None, :], np.minimum(codes, table.shape[1] - 1)].sum(axis=1)
-
-
-def variant(name: str, **changes: Any) -> type[GaussianProcessProposer]:
-    """A GaussianProcessProposer class with ``changes`` to its GPConfig (for the replay's comparisons)."""
-    return type(f"GP_{name}", (GaussianProcessProposer,), {"name": name, "config": GPConfig(**changes)})
 
 
 def log_expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
