@@ -258,7 +258,7 @@ def machine_key(fingerprint: Mapping[str, Any]) -> str:
     """The machine a reading was taken on, as the lessons tell machines apart: the host's hardware key and, for
     a GPU target, the devices that serve it (a backend's ``fingerprint()``). Two machines of one kind share it;
     a new CPU model, core count, kernel release or GPU makes another, whose readings settle nothing the old one
-    measured (engine/proposers/search.py settled_candidates)."""
+    measured (engine/proposers/setting_evidence.py settled_candidates)."""
     host = hardware_key(HardwareFingerprint.model_validate(dict(fingerprint)))
     devices = sorted(str(device) for device in fingerprint.get("devices") or [])
     if not devices:

@@ -166,7 +166,7 @@ class SettingEvidence(BaseModel):
     method: int = LEGACY_METHOD
     """The measurement method of those benchmarks (engine/harness/verdicts.py): all of one, the newest the
     setting was read with. A setting whose readings are of an older method than the judge's today settles
-    nothing (engine/proposers/search.py settled_candidates)."""
+    nothing (engine/proposers/setting_evidence.py settled_candidates)."""
     machine: str | None = None
     """The machine those benchmarks were taken on (engine/hardware.py machine_key): all of one, the last that
     measured the setting; None when they were recorded before outcomes named it. They settle the setting only

@@ -161,7 +161,7 @@ CPU_MEASUREMENT_METHOD = 2
 kernel's reading (where inputs and outputs lie, how contenders are interleaved, what a timed call covers):
 readings of different methods are not comparable, so the lessons keep a setting's readings of the newest
 method only (engine/evidence/lessons_projection.py) and a warm search re-measures a setting that only an
-older method has settled (engine/proposers/search.py settled_candidates).
+older method has settled (engine/proposers/setting_evidence.py settled_candidates).
 
 1. Reports recorded before the field existed. Outputs came from malloc: the first benchmark shape's were
    mmapped 64 bytes into a page, 4K-aliased with the page-aligned inputs, which slowed streaming stores there.

@@ -22,7 +22,7 @@ class ProposalContext(BaseModel):
     """The target's task queue suffix, e.g. `cpu-x86_64-avx512`."""
     machine: str | None = None
     """The machine key of the target's worker (engine/hardware.py machine_key): only evidence taken on it settles
-    a setting (engine/proposers/search.py settled_candidates); None: unknown, nothing is settled."""
+    a setting (engine/proposers/setting_evidence.py settled_candidates); None: unknown, nothing is settled."""
     generation: int
     """The generation being proposed."""
     count: int

@@ -61,18 +61,16 @@ from engine.harness.verdicts import measurement_method
 from engine.problems import Problem
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import SpaceCache, template_candidate, template_space
-from engine.proposers.search import (
+from engine.proposers.search import EXPLOIT_PERIOD, TRANSFER_UCB_KAPPA, exploit_picks
+from engine.proposers.setting_evidence import (
     DEAD_END_PENALTY,
-    EXPLOIT_PERIOD,
-    TRANSFER_UCB_KAPPA,
-    _agreement,
-    _family_holds,
-    _priors,
-    _reading_var,
-    _setting_ids,
+    agreement,
+    change_priors,
     correctness_of,
-    exploit_picks,
     family_favourites,
+    family_holds,
+    reading_var,
+    setting_ids,
     settled_candidates,
 )
 from engine.search.candidates import Candidate
@@ -367,7 +365,7 @@ def _own_and_siblings(
         n = int(setting.get("n", 0))
         if not setting.get("params") or n <= 0:
             continue
-        var = max(0.03**2, _reading_var(setting) or 0.0) / n
+        var = max(0.03**2, reading_var(setting) or 0.0) / n
         row = (dict(setting["params"]), float(setting["log_speedup_mean"]), var)
         (own if setting.get("problem") == problem.name else siblings).append(row)
     return own, siblings
@@ -397,7 +395,7 @@ class GaussianProcessProposer:
         seen = set(context.seen) | settled_candidates(
             problem, context.lessons, context.incumbent_evidence, measurement_method(context.target), context.machine
         )
-        ids = _setting_ids(problem, space, context.flags)
+        ids = setting_ids(problem, space, context.flags)
         fresh = np.array([i for i, cid in enumerate(ids) if cid not in seen], dtype=np.int64)
         if not len(fresh):
             return []
@@ -424,7 +422,7 @@ class GaussianProcessProposer:
         informed = len(own) > 0
         family = bool(siblings) and cfg.transfer
         favourites = family_favourites(problem, context.lessons) if family and cfg.favourites else []
-        following = bool(favourites) and _family_holds(len(own), problem, context.lessons, favourites)
+        following = bool(favourites) and family_holds(len(own), problem, context.lessons, favourites)
         exploiting = _exploit_picks(evaluated, context.count, cfg.exploit_period) if informed or family else 0
         incumbent = dict(context.incumbent.params) if context.incumbent and context.incumbent.params else None
         inc_codes = enc.encode(incumbent) if incumbent else None
@@ -445,8 +443,8 @@ class GaussianProcessProposer:
                 favourite = favourites[turn] if turn < len(favourites) else None
             if favourite is not None:
                 # As the search proposer does: the setting sharing most of the family's next favourite's values.
-                agreement = np.array([_agreement(space[int(fresh[i])], favourite.params) for i in pool])
-                pool = pool[agreement == agreement.max()]
+                shared = np.array([agreement(space[int(fresh[i])], favourite.params) for i in pool])
+                pool = pool[shared == shared.max()]
                 mode, score = "exploit-family", post.mean[pool]
             elif index < exploiting:
                 mode, score = "exploit-mean", post.mean[pool]
@@ -491,7 +489,7 @@ class GaussianProcessProposer:
     @staticmethod
     def _correctness(problem: Problem, enc: _Encoding, context: ProposalContext, fresh: np.ndarray) -> np.ndarray:
         """ln P(correct) of each fresh setting (a sum over its values), less the dead-end penalty."""
-        priors = _priors(context.lessons)
+        priors = change_priors(context.lessons)
         table = np.zeros((len(enc.knobs), max(len(v) for v in enc.values) + 1))
         for j, (k, vals) in enumerate(zip(enc.knobs, enc.values, strict=True)):
             for c, v in enumerate(vals):
