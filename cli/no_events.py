@@ -13,12 +13,17 @@ import shlex
 
 from engine.errors import NoEvents
 
+ASK_TEMPORAL_S = 5.0
+"""How long the CLI waits for Temporal's word on such an id. Temporal's client waits about 30 s for a frontend that
+accepts connections but does not answer (a stopped process, an overloaded host); the log's answer is complete
+without Temporal's, so the command says it after this long instead (it took a minute before)."""
+
 
 def explained(error: NoEvents) -> NoEvents:
     """``error``, reworded when Temporal knows the search: that it exists but recorded no events, and how it
     ended. Unchanged when Temporal holds no such search or cannot be asked: the log's answer stands."""
     try:
-        how = asyncio.run(_how_it_ended(error.search_id))
+        how = asyncio.run(asyncio.wait_for(_how_it_ended(error.search_id), ASK_TEMPORAL_S))
     except Exception:  # Temporal not configured or not answering: nothing to add, and no reason to fail otherwise
         return error
     if how is None:

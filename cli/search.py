@@ -811,6 +811,12 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+WITNESS_CONNECT_S = 10.0
+"""How long `kf audit` waits to reach Temporal for a search's witness (as `kf status` waits for its workers): the
+client's own wait for a frontend that accepts connections and answers nothing (a stopped process) is about 30 s,
+and the audit of the log runs without the witness, saying it could not be checked."""
+
+
 async def _witness(search_id: str) -> Any:
     """The search's witness from its Temporal history; unavailable (not an error) when Temporal is not
     configured or does not answer: the audit of the log itself still runs, and says what it could not check."""
@@ -819,9 +825,16 @@ async def _witness(search_id: str) -> Any:
     from engine.search.witness import Witness
 
     try:
-        client = await connect()
+        client = await asyncio.wait_for(connect(), WITNESS_CONNECT_S)
     except UserError as error:
         return Witness(
             search_id=search_id, available=False, reason=f"Temporal is not reachable: {error}", transient=True
+        )
+    except TimeoutError:
+        return Witness(
+            search_id=search_id,
+            available=False,
+            reason=f"Temporal did not answer within {WITNESS_CONNECT_S:.0f} s",
+            transient=True,
         )
     return await witness_of(client, search_id)

@@ -265,8 +265,16 @@ def test_status_does_not_hang_on_a_temporal_that_runs_but_does_not_answer(kf: Kf
         started = time.monotonic()
         result = kf("status")
         waited = time.monotonic() - started
+        # An id the log holds nothing of: Temporal is asked for its witness and whether it knows the search, each
+        # for seconds only (the client's own wait, about 30 s each, made this a minute).
+        started = time.monotonic()
+        unknown = kf("audit", "s-never-started")
+        asked = time.monotonic() - started
     finally:
         os.kill(temporal_pid, signal.SIGCONT)
+    assert unknown.returncode == 2, unknown.stderr
+    assert "no events for search 's-never-started'" in unknown.stderr, unknown.stderr
+    assert asked < 35, f"kf audit of an unknown id waited {asked:.0f} s for a Temporal that does not answer"
     # The servers' state decides the exit status; the workers are reported as unknown, not waited for.
     assert result.returncode == 0, result.stderr
     assert "Workers   unknown: Temporal did not list the workers" in result.stdout, result.stdout
