@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from temporalio.client import Client
@@ -21,25 +22,43 @@ _CONNECTION_FAILURES = ("transport error", "h2 protocol error")
 """What the client's message says when the connection failed rather than the server answered."""
 
 
-async def connect(address: str | None = None, namespace: str | None = None, runtime: Runtime | None = None) -> Client:
+INTERACTIVE_CONNECT_S = 10.0
+"""How long a `kf` command waits for Temporal to accept its client (``connect(within_s=...)``). The client's own wait,
+for a frontend that accepts connections and answers nothing (a stopped process, a host out of memory), is about
+30 s: `kf search list` took 31 s to say Temporal was unreachable. A frontend that answers does so in well under a
+second, and `kf up` returns only once it answers. Workers wait the client's own time (they retry anyway)."""
+
+
+async def connect(
+    address: str | None = None,
+    namespace: str | None = None,
+    runtime: Runtime | None = None,
+    *,
+    within_s: float | None = None,
+) -> Client:
     """A client for ``address`` (default: KF_TEMPORAL_ADDRESS or the embedded dev server). ``runtime``: the SDK
-    runtime its workers report metrics through (activities/metrics.py); default the SDK's own, without metrics."""
+    runtime its workers report metrics through (activities/metrics.py); default the SDK's own, without metrics.
+    ``within_s``: how long to wait for the frontend to answer (None: the client's own wait)."""
     target = address or temporal_address()
+    connecting = Client.connect(
+        target,
+        namespace=namespace or temporal_namespace(),
+        data_converter=pydantic_data_converter,
+        runtime=runtime or _quiet_runtime(),
+    )
+    fix = "run `kf up` for the embedded server, or set KF_TEMPORAL_ADDRESS to a running frontend"
     try:
-        return await Client.connect(
-            target,
-            namespace=namespace or temporal_namespace(),
-            data_converter=pydantic_data_converter,
-            runtime=runtime or _quiet_runtime(),
-        )
+        return await (connecting if within_s is None else asyncio.wait_for(connecting, within_s))
+    except TimeoutError:
+        raise ServiceUnavailable(
+            f"cannot reach Temporal at {target}: it accepted connections but did not answer within {within_s:g} s "
+            f"(a stopped or overloaded server); {fix}"
+        ) from None
     except RuntimeError as error:
         # Nothing answered (refused, timed out): the machine's failure, `kf` exits 3. Anything else the server
         # said (an unknown namespace, say) is the configuration's.
         kind = ServiceUnavailable if unreachable(error) else ConfigurationError
-        raise kind(
-            f"cannot reach Temporal at {target}: {error}; run `kf up` for the embedded server, "
-            "or set KF_TEMPORAL_ADDRESS to a running frontend"
-        ) from error
+        raise kind(f"cannot reach Temporal at {target}: {error}; {fix}") from error
 
 
 _RUNTIME: list[Runtime] = []

@@ -174,8 +174,8 @@ def format_row(row: ScheduleRow) -> str:
 
 def _run(work: Callable[[Client], Awaitable[Any]]) -> Any:
     async def go() -> Any:
-        from activities.temporal_client import connect
+        from activities.temporal_client import INTERACTIVE_CONNECT_S, connect
 
-        return await work(await connect())
+        return await work(await connect(within_s=INTERACTIVE_CONNECT_S))
 
     return asyncio.run(go())

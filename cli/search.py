@@ -368,12 +368,12 @@ def _following(search: list[str], follow_it: Callable[[], int]) -> int:
 
 async def _start(spec: SearchSpec, args: argparse.Namespace, started: list[str]) -> int:
     from activities.search_client import start_search
-    from activities.temporal_client import connect
+    from activities.temporal_client import INTERACTIVE_CONNECT_S, connect
 
     if spec.resume_from is not None:
         option = _given_options(args).get("resume_from", "--spec field resume_from")
         await _check_resume_from(spec.resume_from, option)
-    client = await connect()
+    client = await connect(within_s=INTERACTIVE_CONNECT_S)
     handle = await start_search(client, spec, args.id)
     started.append(handle.id)
     if not args.wait:
@@ -620,9 +620,9 @@ def run_list(args: argparse.Namespace) -> int:
 
     async def go() -> list[dict[str, Any]]:
         from activities.search_client import LOG_LIST_TIMEOUT_S, held_by_temporal, list_searches, logged_searches
-        from activities.temporal_client import connect
+        from activities.temporal_client import INTERACTIVE_CONNECT_S, connect
 
-        client = await connect()
+        client = await connect(within_s=INTERACTIVE_CONNECT_S)
         rows = await list_searches(client, limit=args.limit)
         # Then the searches Temporal no longer holds (its retention passed) from the event log, best effort: the
         # list is Temporal's, and a log that does not answer only leaves them out, saying so.
@@ -673,9 +673,9 @@ def run_show(args: argparse.Namespace) -> int:
             status_from_log,
             why_it_ended,
         )
-        from activities.temporal_client import connect, no_worker, not_found
+        from activities.temporal_client import INTERACTIVE_CONNECT_S, connect, no_worker, not_found
 
-        client = await connect()
+        client = await connect(within_s=INTERACTIVE_CONNECT_S)
         try:
             status = await search_status(client, args.search_id)
         except Exception as error:
@@ -763,9 +763,9 @@ def run_update(args: argparse.Namespace) -> int:
 
     async def go() -> SearchStatus:
         from activities.search_client import send_update
-        from activities.temporal_client import connect
+        from activities.temporal_client import INTERACTIVE_CONNECT_S, connect
 
-        return await send_update(await connect(), args.search_id, args.update, arg)
+        return await send_update(await connect(within_s=INTERACTIVE_CONNECT_S), args.search_id, args.update, arg)
 
     status = asyncio.run(go())
     print(status.model_dump_json() if args.json else progress_line(status))
@@ -811,30 +811,17 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-WITNESS_CONNECT_S = 10.0
-"""How long `kf audit` waits to reach Temporal for a search's witness (as `kf status` waits for its workers): the
-client's own wait for a frontend that accepts connections and answers nothing (a stopped process) is about 30 s,
-and the audit of the log runs without the witness, saying it could not be checked."""
-
-
 async def _witness(search_id: str) -> Any:
     """The search's witness from its Temporal history; unavailable (not an error) when Temporal is not
     configured or does not answer: the audit of the log itself still runs, and says what it could not check."""
-    from activities.temporal_client import connect
+    from activities.temporal_client import INTERACTIVE_CONNECT_S, connect
     from activities.witness import witness_of
     from engine.search.witness import Witness
 
     try:
-        client = await asyncio.wait_for(connect(), WITNESS_CONNECT_S)
+        client = await connect(within_s=INTERACTIVE_CONNECT_S)
     except UserError as error:
         return Witness(
             search_id=search_id, available=False, reason=f"Temporal is not reachable: {error}", transient=True
-        )
-    except TimeoutError:
-        return Witness(
-            search_id=search_id,
-            available=False,
-            reason=f"Temporal did not answer within {WITNESS_CONNECT_S:.0f} s",
-            transient=True,
         )
     return await witness_of(client, search_id)

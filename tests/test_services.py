@@ -270,11 +270,18 @@ def test_status_does_not_hang_on_a_temporal_that_runs_but_does_not_answer(kf: Kf
         started = time.monotonic()
         unknown = kf("audit", "s-never-started")
         asked = time.monotonic() - started
+        started = time.monotonic()
+        listed = kf("search", "list")
+        listing = time.monotonic() - started
     finally:
         os.kill(temporal_pid, signal.SIGCONT)
     assert unknown.returncode == 2, unknown.stderr
     assert "no events for search 's-never-started'" in unknown.stderr, unknown.stderr
     assert asked < 35, f"kf audit of an unknown id waited {asked:.0f} s for a Temporal that does not answer"
+    # A command that needs Temporal says it is unreachable (exit 3) after INTERACTIVE_CONNECT_S, not the client's 30 s.
+    assert listed.returncode == 3, listed.stderr
+    assert "did not answer within 10 s" in listed.stderr, listed.stderr
+    assert listing < 25, f"kf search list took {listing:.0f} s to say Temporal does not answer"
     # The servers' state decides the exit status; the workers are reported as unknown, not waited for.
     assert result.returncode == 0, result.stderr
     assert "Workers   unknown: Temporal did not list the workers" in result.stdout, result.stdout
