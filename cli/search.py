@@ -163,9 +163,7 @@ def add_spec_options(parser: argparse.ArgumentParser, *, resume_from: bool = Tru
     _add_spec_option(parser, "--generations", "generations", integer, "generations after the seed kernel")
     _add_spec_option(parser, "--candidates", "candidates_per_generation", integer, "candidates per generation")
     _add_spec_option(parser, "--parallelism", "parallelism", integer, "candidates evaluated at once")
-    parser.add_argument(
-        "--proposer", default=None, choices=get_args(ProposerKind), help="who proposes (default search)"
-    )
+    parser.add_argument("--proposer", default=None, choices=get_args(ProposerKind), help="who proposes (default gp)")
     parser.add_argument(
         "--model",
         action="append",

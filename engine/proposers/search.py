@@ -1,4 +1,5 @@
-"""The search proposer: the offline default. Bayesian optimisation over a problem's template settings with a
+"""The search proposer: the offline default before the Gaussian-process one (engine/proposers/gp.py), and the
+offline share of the mixed proposer. Bayesian optimisation over a problem's template settings with a
 surrogate model of their speed fitted to the lessons. No network, no key.
 
 Belief model (engine/proposers/surrogate.py): ln(speedup) of a setting is a level plus an effect per
