@@ -130,8 +130,7 @@ def test_current_details_say_generation_incumbent_interval_verdicts_and_budget_l
     assert "- **Busy machine:** 2 of 6 timings ran while other work used their cores" in busy
     assert "- **Budget:** 12 candidates, 60 min" in static_details(state.spec)
     assert (
-        summary(state.spec)
-        == "softmax on cpu: 2 generations × 4 candidates, budget 12 candidates, 60 min, proposer gp"
+        summary(state.spec) == "softmax on cpu: 2 generations × 4 candidates, budget 12 candidates, 60 min, proposer gp"
     )
 
 
