@@ -50,6 +50,8 @@ async def connect(
     try:
         return await (connecting if within_s is None else asyncio.wait_for(connecting, within_s))
     except TimeoutError:
+        if within_s is None:  # the client's own timeout, not this wait: said as the client says it
+            raise
         raise ServiceUnavailable(
             f"cannot reach Temporal at {target}: it accepted connections but did not answer within {within_s:g} s "
             f"(a stopped or overloaded server); {fix}"
