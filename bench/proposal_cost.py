@@ -5,11 +5,11 @@
 
 A worker proposes a generation in a propose activity that loads the problem afresh (activities/search.py), so
 each proposal here does the same: load the problem, then ask the proposer (``--proposer``, engine.proposers
-proposer_for; default the search proposer) for ``--count`` candidates, a generation further each time. With
-``--readings 0`` the search has no evidence yet (the model fitted to nothing, every setting of the space fresh);
-with ``--readings N`` it has N measured settings of the problem, drawn from the space with speeds drawn at random
-(seeded), which is where a model's fit costs: a Gaussian process grows with the cube of its readings. Nothing else
-runs: no services, no compiler.
+proposer_for; by default the one a search gets, engine/search/spec.py) for ``--count`` candidates, a generation
+further each time. With ``--readings 0`` the search has no evidence yet (the model fitted to nothing, every
+setting of the space fresh); with ``--readings N`` it has N measured settings of the problem, drawn from the space
+with speeds drawn at random (seeded), which is where a model's fit costs: a Gaussian process grows with the cube of
+its readings. Nothing else runs: no services, no compiler.
 
 Figures, by problem: ``space_settings`` (settings the template allows), ``propose_ms_first`` (the process's first
 proposal for the problem: it enumerates the space and renders and hashes every setting's source once),
@@ -30,10 +30,13 @@ from engine.problems import Problem, builtin_problems, load_problem
 from engine.proposers import proposer_for
 from engine.proposers.base import ProposalContext
 from engine.proposers.random_template import template_candidate, template_space
-from engine.search.spec import ProposerKind
+from engine.search.spec import ProposerKind, ProposerSettings
 
 OFFLINE: tuple[ProposerKind, ...] = ("search", "gp", "random")
 """The proposers this measures (the LLM ones need a model)."""
+
+DEFAULT: ProposerKind = ProposerSettings().kind
+"""The proposer a search gets when its spec names none."""
 
 
 def evidence(problem: Problem, readings: int) -> dict[str, Any]:
@@ -54,7 +57,7 @@ def evidence(problem: Problem, readings: int) -> dict[str, Any]:
     return {"settings": settings}
 
 
-def proposal_ms(name: str, generation: int, count: int, proposer: ProposerKind = "search", readings: int = 0) -> float:
+def proposal_ms(name: str, generation: int, count: int, proposer: ProposerKind = DEFAULT, readings: int = 0) -> float:
     """Milliseconds of loading ``name`` and one proposal of ``count`` candidates at ``generation`` by ``proposer``,
     with ``readings`` measured settings as its evidence (made before the clock starts)."""
     lessons = evidence(load_problem(name), readings) if readings else None
@@ -78,7 +81,7 @@ def proposal_ms(name: str, generation: int, count: int, proposer: ProposerKind =
 
 
 def measure(
-    name: str, proposals: int, count: int, proposer: ProposerKind = "search", readings: int = 0
+    name: str, proposals: int, count: int, proposer: ProposerKind = DEFAULT, readings: int = 0
 ) -> dict[str, Any]:
     """One problem's figures (see the module docstring)."""
     times = [proposal_ms(name, generation, count, proposer, readings) for generation in range(1, proposals + 1)]
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--problems", default=",".join(builtin_problems("cpu")), help="comma-separated names")
     parser.add_argument("--proposals", type=int, default=6, help="proposals per problem (the first included)")
     parser.add_argument("--count", type=int, default=4, help="candidates per proposal")
-    parser.add_argument("--proposer", choices=OFFLINE, default="search", help="whose proposals (default search)")
+    parser.add_argument("--proposer", choices=OFFLINE, default=DEFAULT, help=f"whose proposals (default {DEFAULT})")
     parser.add_argument("--readings", type=int, default=0, help="measured settings the search has (default 0)")
     args = parser.parse_args(argv)
     if args.proposals < 1 or args.count < 1:
