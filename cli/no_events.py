@@ -16,7 +16,7 @@ from engine.errors import NoEvents
 ASK_TEMPORAL_S = 5.0
 """How long the CLI waits for Temporal's word on such an id. Temporal's client waits about 30 s for a frontend that
 accepts connections but does not answer (a stopped process, an overloaded host); the log's answer is complete
-without Temporal's, so the command says it after this long instead (it took a minute before)."""
+without Temporal's, so the command says it after this long instead (`kf export` of such an id took 31 s before)."""
 
 
 def explained(error: NoEvents) -> NoEvents:
