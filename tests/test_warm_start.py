@@ -1,11 +1,13 @@
 """Warm starts that build on what is known (issue 12 item 5): `resume_best` starts from the fastest incumbent
 any earlier search of the problem and target recorded, and the search proposer leaves alone the settings
-the evidence already says are slower than the incumbent."""
+the evidence already says are slower than the incumbent, as does the Gaussian-process one (the default)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import pytest
 
 from engine.evidence.events import NewEvent
 from engine.evidence.lessons_projection import BUSY_READING_HALFWIDTH
@@ -13,7 +15,8 @@ from engine.evidence.store import EventStore
 from engine.harness.verdicts import CPU_MEASUREMENT_METHOD, LEGACY_METHOD
 from engine.problems import load_problem
 from engine.proposers import SearchProposer
-from engine.proposers.base import ProposalContext
+from engine.proposers.base import ProposalContext, Proposer
+from engine.proposers.gp import GaussianProcessProposer
 from engine.proposers.random_template import template_candidate, template_space
 from engine.proposers.search import settled_candidates
 from engine.search.history import best_incumbent_search, latest_incumbent_search, stream_of
@@ -102,7 +105,8 @@ def test_only_settings_clearly_slower_than_the_incumbent_are_settled() -> None:
     assert settled_candidates(problem, lessons, {"speedup": 3.0}, now, None) == set()
 
 
-def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
+@pytest.mark.parametrize("proposer", [SearchProposer(), GaussianProcessProposer()], ids=lambda p: p.name)
+def test_a_warm_search_never_proposes_a_setting_its_evidence_settled(proposer: Proposer) -> None:
     problem = load_problem("kda")  # 96 settings
     space = template_space(problem)
     ids = [template_candidate(problem, p, None, proposer="search").candidate_id for p in space]
@@ -133,18 +137,18 @@ def test_a_warm_search_never_proposes_a_setting_its_evidence_settled() -> None:
         lessons=lessons,
         incumbent_evidence={"speedup": 4.0},
     )
-    picks = SearchProposer().propose(problem, context)
+    picks = proposer.propose(problem, context)
     assert len(picks) == 4 and {p.candidate_id for p in picks} <= set(ids[:8])
     # The same evidence read by an older measurement method settles nothing: the judge changed how it reads, so
     # the settings are worth reading again.
     older = {"settings": [s | {"method": LEGACY_METHOD} for s in lessons["settings"]]}
-    picks = SearchProposer().propose(problem, context.model_copy(update={"lessons": older}))
+    picks = proposer.propose(problem, context.model_copy(update={"lessons": older}))
     assert any(p.candidate_id in set(ids[8:]) for p in picks)
     # The same evidence on new hardware settles nothing either: the search runs on another machine.
-    picks = SearchProposer().propose(problem, context.model_copy(update={"machine": "machine-new"}))
+    picks = proposer.propose(problem, context.model_copy(update={"machine": "machine-new"}))
     assert any(p.candidate_id in set(ids[8:]) for p in picks)
     # The same evidence with a slower incumbent (the seed at 1.5x) settles nothing: the known 2x settings are
     # how that search catches up, so the model's best known ones come first.
     context = context.model_copy(update={"incumbent_evidence": {"speedup": 1.5}})
-    picks = SearchProposer().propose(problem, context)
+    picks = proposer.propose(problem, context)
     assert any(p.candidate_id in set(ids[8:]) for p in picks)
