@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.evidence.lessons import ChangePrior, SettingEvidence
+from proposer_fixtures import prior
+
+from engine.evidence.lessons import SettingEvidence
 from engine.evidence.lessons_projection import BUSY_READING_HALFWIDTH
 from engine.problems import load_problem
 from engine.proposers import ProposalContext, proposer_for
@@ -53,24 +55,6 @@ def context(generation: int = 1, seed: int = 0, **fields: Any) -> ProposalContex
     return ProposalContext(
         search_id="s", problem="softmax", target="cpu-test", generation=generation, count=4, seed=seed, **fields
     )
-
-
-def prior(change: str, advantage: float, n: float, correct: float = 10.0) -> dict[str, Any]:
-    return ChangePrior(
-        change=change,
-        evidence=n,
-        correct_alpha=1 + correct,
-        correct_beta=1.0,
-        beats_parent_alpha=1.0,
-        beats_parent_beta=1.0,
-        log_ratio_mean=0.0,
-        log_ratio_var=0.0,
-        log_ratio_n=0.0,
-        log_advantage_mean=advantage,
-        log_advantage_var=0.01,
-        log_advantage_n=n,
-        dead_end=False,
-    ).model_dump(mode="json")
 
 
 def test_registered_as_search() -> None:
