@@ -25,7 +25,8 @@ drawn uniformly among them, later ones by expected improvement) and the posterio
 spaces that takes 7-13 evaluations, the first generation's four draws trying most of the values. Replayed on this
 host's landscapes recorded 2026-12-07 (seeds 0-99, budgets 8 / 16 / 32), without and with it: rmsnorm 0.19 / 0.49 /
 0.65 and 0.21 / 0.50 / 0.60, softmax 0.13 / 0.33 / 0.63 and 0.07 / 0.20 / 0.60 (seeds 100-199: 0.28 and 0.07 at 16),
-kda -0.20 / 0.03 / 0.43 and -0.04 / 0.04 / 0.53. Covering only within the first generation scored as not covering;
+kda -0.20 / 0.03 / 0.43 and -0.04 / 0.04 / 0.53, add_rmsnorm 0.20 / 0.56 / 0.79 and 0.29 / 0.54 / 0.81; the mean of
+the four 0.08 / 0.35 / 0.63 and 0.13 / 0.32 / 0.64. Covering only within the first generation scored as not covering;
 letting the posterior-mean picks go first, or taking the settings that try the most untried values, no better.
 Transfer: the family's
 readings join the GP as a second task with its own level, correlated ``rho`` with the problem (RHO_PRIOR until the
