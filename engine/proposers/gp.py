@@ -143,7 +143,8 @@ class GPConfig:
     favourites: bool = True
     """In a search its family informs, exploit picks take the family's fastest settings first (as search.py)."""
     first_random: bool = True
-    """With nothing measured (and no family): uniform draws rather than settings that cover the values."""
+    """With nothing measured (and no family): uniform draws (with ``cover``, among the settings that try an untried
+    value) rather than by the upper bound."""
     cover: bool = True
     """Without a family: until every value of every knob has been tried, each pick is one that tries an untried
     value (drawn, or by expected improvement among those), and the posterior-mean picks wait."""
@@ -475,9 +476,11 @@ class GaussianProcessProposer:
                 sd = np.sqrt(post.var[pool])
                 if informed:
                     score = log_expected_improvement(post.mean[pool], sd, best_y)
-                else:
+                elif cfg.first_random:
                     # Nothing measured: a uniform draw among the settings that try an untried value.
                     score, jitter_scale = np.zeros(len(pool)), 1.0
+                else:
+                    score = post.mean[pool] + cfg.kappa * sd
             elif favourite is not None:
                 # As the search proposer does: the setting sharing most of the family's next favourite's values.
                 shared = np.array([agreement(space[int(fresh[i])], favourite.params) for i in pool])
