@@ -82,6 +82,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ from engine.harness.verdicts import measurement_method
 from engine.problems import Problem, builtin_problems, load_problem
 from engine.proposers import RandomTemplateProposer, SearchProposer
 from engine.proposers.base import Proposer
-from engine.proposers.gp import GaussianProcessProposer
+from engine.proposers.gp import GaussianProcessProposer, GPConfig
 from engine.replay.landscape import Landscape, stored_recordings
 from engine.replay.recording import DEFAULT_BUDGET_S, DEFAULT_REPEATS, RecordingPlan, record_landscape
 from engine.replay.scoring import (
@@ -147,6 +148,20 @@ PROPOSERS: dict[str, type[Proposer]] = {
     "gp": GaussianProcessProposer,
 }
 """Our proposers replayed (the offline ones: the LLM proposers need a model)."""
+
+
+class UncoveredGaussianProcessProposer(GaussianProcessProposer):
+    """gp without its covering phase (``GPConfig.cover`` off): what gp's docstring compares coverage against."""
+
+    config = replace(GPConfig(), cover=False)
+
+
+ABLATIONS: dict[str, type[Proposer]] = {"gp-uncovered": UncoveredGaussianProcessProposer}
+"""Variants of our proposers whose figures a docstring quotes: replayed only when --proposers names them."""
+
+
+def proposer_class(name: str) -> type[Proposer]:
+    return {**PROPOSERS, **ABLATIONS}[name]
 
 
 def say(line: str) -> None:
@@ -226,7 +241,7 @@ def replay_proposer(
 ) -> list[list[float | None]]:
     """The landscape values of each replayed search's evaluations, in order; the searches' seeds are
     ``first_seed`` and the ``repetitions - 1`` after it."""
-    make = PROPOSERS[name]
+    make = proposer_class(name)
     return [
         [
             e.value
@@ -252,7 +267,7 @@ def replay_warm(
     the seed kernel, as a search without resume_from does). Per repetition, how many of the warm search's
     evaluations measured again a setting the cold search had measured, and whether its best setting is
     better than the cold search's."""
-    make = PROPOSERS[name]
+    make = proposer_class(name)
     remeasured: list[int] = []
     beats: list[bool] = []
     ratio: list[float] = []
@@ -311,7 +326,7 @@ def replay_transfer(
         for source, source_landscape in sources:
             lessons = ReplayLessons(recorded_space(source, source_landscape), source_landscape.target)
             replay_search(
-                PROPOSERS[proposer](),
+                proposer_class(proposer)(),
                 source,
                 source_landscape,
                 evaluations=TRANSFER_SOURCE_BUDGET,
@@ -322,7 +337,7 @@ def replay_transfer(
             family.append(lessons)
         lessons = ReplayLessons(recorded_space(problem, landscape), landscape.target, family=family)
         search = replay_search(
-            PROPOSERS[proposer](),
+            proposer_class(proposer)(),
             problem,
             landscape,
             evaluations=horizon,
@@ -460,7 +475,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--per-generation", type=int, default=DEFAULT_PER_GENERATION)
     parser.add_argument("--horizon", type=int, default=48, help="evaluations per replayed search (for evals_to_95pct)")
-    parser.add_argument("--proposers", default=",".join(PROPOSERS))
+    parser.add_argument(
+        "--proposers",
+        default=",".join(PROPOSERS),
+        help=f"comma-separated, of {', '.join(PROPOSERS)} (default all) and the ablations {', '.join(ABLATIONS)}",
+    )
     parser.add_argument("--kernel-tuner-strategies", default=",".join(kernel_tuner_peer.STRATEGIES))
     parser.add_argument("--kernel-tuner-repetitions", type=int, default=50)
     parser.add_argument("--no-kernel-tuner", action="store_true")
@@ -479,6 +498,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.first_seed < 0:
         # numpy's generators take no negative seed, and would say so only after the landscapes were loaded.
         parser.error(f"--first-seed {args.first_seed}: a seed is 0 or more")
+    known = {**PROPOSERS, **ABLATIONS}
+    for who in [*args.proposers.split(","), args.transfer_proposer]:
+        if who and who not in known:
+            parser.error(f"--proposers/--transfer-proposer: no proposer {who!r}; pass some of {', '.join(known)}")
     problems = list(problem_list(parser, "--problems", args.problems))
     command = "python bench/search_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
     found = asyncio.run(landscapes(args, problems))

@@ -587,3 +587,25 @@ async def test_a_recording_of_few_readings_is_replayed_with_a_warning(
     found = await search_quality.landscapes(args, ["kda"])
     assert found["kda"][0].recording == enough
     assert "readings per setting" not in capsys.readouterr().err
+
+
+def test_an_unknown_proposer_is_refused_by_name_and_an_ablation_replays_on_request(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import search_quality
+
+    # Before, the landscapes were loaded (or recorded: minutes) and the unknown name ended in a KeyError.
+    with pytest.raises(SystemExit) as stopped:
+        search_quality.main(
+            ["--proposers", "gp,gq", "--problems", "kda", "--database-url", "postgresql://127.0.0.1:1/x"]
+        )
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "no proposer 'gq'" in err and "gp-uncovered" in err, err
+    # The ablation gp's docstring quotes: the default run leaves it out, --proposers gp-uncovered replays it.
+    assert "gp-uncovered" not in search_quality.PROPOSERS
+    problem, landscape = toy_landscape(noise=0.1)
+    covered = search_quality.replay_proposer("gp", problem, landscape, 4, 12, 4)
+    uncovered = search_quality.replay_proposer("gp-uncovered", problem, landscape, 4, 12, 4)
+    assert covered != uncovered
