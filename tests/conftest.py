@@ -35,35 +35,29 @@ os.environ.setdefault("KF_MACHINE_DIR", tempfile.mkdtemp(prefix="kf-test-machine
 
 SLOWEST_MODULES = (
     "test_search.py",
-    "test_problem_check.py",
     "test_chaos.py",
+    "test_problem_check.py",
     "test_exit_codes.py",
-    "test_services.py",
     "test_template_spaces.py",
-    "test_screen.py",
-    "test_problems.py",
     "test_report.py",
-    "test_cuda_compile.py",
+    "test_problems.py",
+    "test_services.py",
+    "test_lessons.py",
+    "test_screen.py",
+    "test_evaluation.py",
     "test_judge_integrity.py",
+    "test_tamper.py",
+    "test_cuda_compile.py",
+    "test_search_llm.py",
+    "test_search_crash.py",
     "test_artifacts.py",
     "test_contention.py",
-    "test_search_crash.py",
-    "test_search_llm.py",
-    "test_evidence_reuse.py",
-    "test_evaluation.py",
-    "test_tamper.py",
-    "test_adversarial.py",
-    "test_wheel_install.py",
-    "test_search_console.py",
-    "test_cuda_runtime.py",
-    "test_metrics.py",
 )
-"""The suite's longest modules (from 4 minutes down to half a minute, CI's durations of 2026-12-07), run first.
-`--dist loadfile` hands the modules to whichever worker is free, in collection order: test_search.py, collected
-late, kept one worker busy for minutes after the other had run out of modules, and with only the seven longest
-first, a minute-long module collected last (test_tamper.py) still ran alone at the end. Longest first, the two
-finish close together; the list follows the durations as they change (test_lessons.py, once a minute, now takes
-ten seconds)."""
+"""The suite's longest modules (from 4 minutes down to about one, CI's durations), run first. `--dist loadfile`
+hands the modules to whichever worker is free, in collection order: test_search.py, collected late, kept one
+worker busy for minutes after the other had run out of modules, and with only the seven longest first, a
+minute-long module collected last (test_tamper.py) still ran alone at the end. Longest first, the two finish
+close together."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
