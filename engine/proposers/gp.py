@@ -464,7 +464,7 @@ class GaussianProcessProposer:
             favourite = None
             # Coverage first: while some value of some knob is untried, each pick tries one (or more), and the
             # posterior-mean picks of the generation wait until none is left.
-            tries = untried[knob, enc.codes[fresh[pool]]].sum(axis=1) if untried is not None else None
+            tries = untried[knob, enc.codes[fresh[pool]]].sum(axis=1) if untried is not None and untried.any() else None
             covering = tries is not None and bool((tries > 0).any())
             exploiting_now = not covering and exploited < exploiting
             if exploiting_now and following:
