@@ -102,6 +102,20 @@ EXTRA: dict[str, list[dict[str, Any]]] = {
             "ROWS": 8,
             "SPLIT": 1,
         },
+        # The 8-piece erfc, its peel and leftover lanes through one-lane vectors of the same permutes.
+        {
+            "VEC": 256,
+            "ERF": "table8",
+            "DEG": 14,
+            "EXP": "inline4",
+            "SIMD": 0,
+            "UNROLL": 1,
+            "NT": 1,
+            "PF": 0,
+            "ALIGN": 1,
+            "ROWS": 2,
+            "SPLIT": 0,
+        },
     ],
     # Packed panels: a block's last columns padded with zeros (n = 1, 3, 5, 33, 65, 130 and 300 leave columns over at
     # NR 16 and 64), rows left over (MR 6: 37, 17, 257 rows), all of b packed, and a packed as well, in both loop
@@ -223,6 +237,9 @@ def test_the_least_accurate_gelu_settings_stay_within_tolerance(tmp_path: Path) 
         # The piecewise erfc, with its coefficients permuted across two registers (512) and four (256).
         base | {"ERF": "table", "DEG": 14, "EXP": "inline4"},
         base | {"ERF": "table", "DEG": 14, "EXP": "inline4", "VEC": 256, "ROWS": 4},
+        # Its 8 pieces of degree 6, one register a coefficient (half of one at 512 bits with AVX-512).
+        base | {"ERF": "table8", "DEG": 14, "EXP": "inline4"},
+        base | {"ERF": "table8", "DEG": 14, "EXP": "inline4", "VEC": 256, "ROWS": 4},
     ):
         function = _template_kernel(problem, params, tmp_path, arguments=3)
         y = np.full_like(x, np.nan)
@@ -276,7 +293,10 @@ def _native_macros() -> set[str]:
     return {line.split()[1] for line in listing.splitlines() if line.startswith("#define ")}
 
 
-@pytest.mark.parametrize(("name", "setting"), [("softmax", {"PIPE": 2, "ROWS": 2}), ("bias_gelu", {"ERF": "table"})])
+@pytest.mark.parametrize(
+    ("name", "setting"),
+    [("softmax", {"PIPE": 2, "ROWS": 2}), ("bias_gelu", {"ERF": "table"}), ("bias_gelu", {"ERF": "table8"})],
+)
 def test_vec_512_without_avx512_is_two_avx_vectors_per_step(name: str, setting: dict[str, Any], tmp_path: Path) -> None:
     # GCC lowers a comparison of 512-bit vectors lane by lane where the machine has no AVX-512 (VEC 512 ran 4-5x
     # slower than VEC 256 on an AVX2 machine): there the templates compile VEC 512 as VEC 256 with UNROLL

@@ -56,7 +56,7 @@ SEED = "seed.c"
 TEMPLATE = "template.c"
 TEMPLATE_PARAMS: dict[str, list[Any]] = {
     "VEC": [0, 256, 512],
-    "ERF": ["libm", "erfc", "poly", "cheb", "table"],
+    "ERF": ["libm", "erfc", "poly", "cheb", "table", "table8"],
     # Degree of the "cheb" erfcx polynomial; 10 (relative error ~2e-5) would break rtol 1e-5. Every allowed
     # (ERF, DEG, EXP) stays below half the tolerance on a dense grid of z (tests/test_template_spaces.py).
     "DEG": [11, 12, 13, 14],
@@ -77,8 +77,8 @@ def template_allows(params: dict[str, Any]) -> bool:
     """Settings that are pointless, duplicates or impossible are skipped: library calls (ERF libm or erfc,
     EXP libm) and omp simd are the plain-C path's (VEC 0); UNROLL interleaves iterations by hand, which SIMD
     leaves to the compiler; EXP only matters for the formulas that call exp themselves, DEG only for
-    "cheb"; "table" needs explicit vectors (its coefficients are permuted across lanes) and calls no exp
-    (EXP inline4 stands for it); streaming stores need explicit vectors and an aligned loop (VEC > 0,
+    "cheb"; "table" and "table8" need explicit vectors (their coefficients are permuted across lanes) and call
+    no exp (EXP inline4 stands for it); streaming stores need explicit vectors and an aligned loop (VEC > 0,
     ALIGN 1); ALIGN peels to a vector width and ROWS interleaves vector loops (VEC > 0); rows from parts of the
     matrix need several rows at once (SPLIT with ROWS > 1)."""
     vec, erf, exp = params["VEC"], params["ERF"], params["EXP"]
@@ -90,7 +90,7 @@ def template_allows(params: dict[str, Any]) -> bool:
         return False
     if erf != "cheb" and params["DEG"] != 14:
         return False
-    if erf == "table" and (vec == 0 or exp != "inline4"):
+    if erf in ("table", "table8") and (vec == 0 or exp != "inline4"):
         return False
     if params["NT"] and (vec == 0 or not params["ALIGN"]):
         return False
