@@ -101,7 +101,9 @@ from engine.proposers.random_template import template_space
 # (8192x128 1.31x [1.26, 1.37]); in add_rmsnorm 1.01x [0.98, 1.05] (8192x128 1.04x [1.01, 1.09]).
 # bias_gelu with SPLIT 1 (ROWS rows from ROWS parts of the matrix) and ROWS 4 then ran 1.18x [1.14, 1.22] faster than
 # ROWS 8 SPLIT 0 (2048x96 1.32x) on the Sapphire Rapids VM, in one kf evaluate run; SPLIT 1 with ROWS 8 ran 1.10x
-# [1.07, 1.14] of the old setting, and SPLIT 1 with ROWS 2 0.89x of ROWS 4.
+# [1.07, 1.14] of the old setting, and SPLIT 1 with ROWS 2 0.89x of ROWS 4. Its ERF table8 (erfc in 8 pieces of degree
+# 6, one permute a coefficient) then ran the setting 1.71x [1.63, 1.79] faster than ERF table (32 cubic pieces), with
+# UNROLL 1 1.45x, in one kf evaluate run each (budget 4) on an AMD EPYC with AVX2, where gelu is bound by arithmetic.
 # softmax's PIPE 3 (PIPE 2's blocks where ROWS rows are short, chunks of one row with one scratch row where they are
 # long) with UNROLL 2 ran 1.037x [1.017, 1.063] faster than PIPE 2 (the setting before, on the template before its
 # exp took vscalefps), 1.03x / 1.04x / 1.04x by shape, in one kf evaluate run on an Emerald Rapids VM with AVX-512;
@@ -193,7 +195,7 @@ BEST_KNOWN: dict[str, dict[str, Any]] = {
     },
     "bias_gelu": {
         "VEC": 512,
-        "ERF": "table",
+        "ERF": "table8",
         "DEG": 14,
         "EXP": "inline4",
         "SIMD": 0,
