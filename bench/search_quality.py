@@ -44,10 +44,11 @@ b evaluated):
 - evals_to_95pct[proposer][problem]: the median over repetitions of the evaluations until a setting with
   v >= 0.95 × optimum was evaluated (null when more than half the repetitions did not: within --horizon
   evaluations for our proposers, within the largest budget for Kernel Tuner's; evals_to_95pct_within);
-- warm[problem]: the search proposer's warm starts: pairs of a cold search and a second search with another
-  seed on the cold one's lessons (16 evaluations each, a quarter of --repetitions pairs): remeasured_mean (the
-  warm search's evaluations that measured a setting the cold one had measured), new_settings_share,
-  beats_cold_share (the warm search found a better setting than the cold one), best_vs_cold_mean;
+- warm[problem]: the warm starts of --transfer-proposer (by default gp, a search's default): pairs of a cold
+  search and a second search with another seed on the cold one's lessons (16 evaluations each, a quarter of
+  --repetitions pairs): remeasured_mean (the warm search's evaluations that measured a setting the cold one had
+  measured), new_settings_share, beats_cold_share (the warm search found a better setting than the cold one),
+  best_vs_cold_mean;
 - transfer[problem], for each problem with other problems of its family in the run: leave-one-out transfer,
   replayed (--transfer-repetitions, by default a quarter of --repetitions). Each repetition replays a cold
   search of each of the family's other problems (16 evaluations on its landscape), then a search of the
@@ -112,6 +113,7 @@ from engine.replay.scoring import (
     share_of_optimum,
 )
 from engine.replay.simulation import DEFAULT_PER_GENERATION, ReplayLessons, recorded_space, replay_search
+from engine.search.spec import ProposerSettings
 
 DEFAULT_MAX_SETTINGS = 128
 """Settings recorded per problem by default: whole spaces up to this size, a seeded sample of larger ones."""
@@ -489,10 +491,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="leave-one-out transfer searches per family problem (default: a quarter of --repetitions; 0: none)",
     )
+    default_kind = ProposerSettings().kind
     parser.add_argument(
         "--transfer-proposer",
-        default="search",
-        help="the proposer whose warm starts and leave-one-out transfer are replayed (default: search)",
+        default=default_kind,
+        help=f"the proposer whose warm starts and leave-one-out transfer are replayed (default: {default_kind}, the "
+        "one a search uses unless told otherwise)",
     )
     args = parser.parse_args(argv)
     if args.first_seed < 0:
