@@ -28,10 +28,9 @@ host's landscapes recorded 2026-12-07 (seeds 0-99, budgets 8 / 16 / 32), without
 kda -0.20 / 0.03 / 0.43 and -0.04 / 0.04 / 0.53, add_rmsnorm 0.20 / 0.56 / 0.79 and 0.29 / 0.54 / 0.81; the mean of
 the four 0.08 / 0.35 / 0.63 and 0.13 / 0.32 / 0.64. Covering only within the first generation scored as not covering;
 letting the posterior-mean picks go first, or taking the settings that try the most untried values, no better.
-Transfer: the family's
-readings join the GP as a second task with its own level, correlated ``rho`` with the problem (RHO_PRIOR until the
-problem has RHO_MIN_OWN readings, then by marginal likelihood), and the exploit picks take the family's
-favourites as the search proposer's do.
+Transfer: the family's readings join the GP as a second task with its own level, correlated ``rho`` with the
+problem (RHO_PRIOR until the problem has RHO_MIN_OWN readings, then by marginal likelihood), and the exploit picks
+take the family's favourites as the search proposer's do.
 
 Replayed on this machine's five row-reduction landscapes (bench/search_quality.py, 128 settings each; mean cold
 score over the five at budgets 8 / 16 / 32, 0 = random search, 1 = the optimum; seeds 0-29 unless said):
